@@ -1,0 +1,5 @@
+"""`python -m esfuse` is the `esfuse` command."""
+
+from esfuse.cli import main
+
+main()

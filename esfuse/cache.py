@@ -1,0 +1,117 @@
+"""File contents in memory: a byte-bounded chunk cache with single-flight loading.
+
+The mount reads through `ContentCache.read`. Chunks live in an LRU bounded by
+their total size in bytes; a chunk that several tasks want at once is fetched
+by the first of them only, and the others wait for that result. The loader is
+injected, so this module knows nothing of Elasticsearch or FUSE.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import cachetools
+import trio
+
+from esfuse.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+Loader = Callable[[Sequence[Key]], Awaitable[dict[Key, bytes]]]
+
+
+@dataclass
+class _Pending:
+    done: trio.Event = field(default_factory=trio.Event)
+    value: bytes | None = None
+    error: BaseException | None = None
+
+
+class ChunkCache:
+    """LRU of chunks keyed by (digest, index), holding at most `max_bytes` of data."""
+
+    def __init__(self, loader: Loader, max_bytes: int) -> None:
+        self._loader = loader
+        self._lru: cachetools.LRUCache[Key, bytes] = cachetools.LRUCache(max_bytes, getsizeof=len)
+        self._pending: dict[Key, _Pending] = {}
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def current_bytes(self) -> int:
+        return int(self._lru.currsize)
+
+    async def get_many(self, keys: Sequence[Key]) -> list[bytes]:
+        """The chunks for `keys`, in order; missing ones come from one loader call."""
+        found: dict[Key, bytes] = {}
+        mine: dict[Key, _Pending] = {}
+        theirs: dict[Key, _Pending] = {}
+        for key in keys:
+            value = self._lru.get(key)
+            if value is not None:
+                found[key] = value
+            elif key in self._pending:
+                theirs[key] = self._pending[key]
+            elif key not in mine:
+                mine[key] = self._pending[key] = _Pending()
+        self.hits += len(found)
+        self.misses += len(mine)
+        if mine:
+            await self._load(mine)
+        for key, pending in {**mine, **theirs}.items():
+            await pending.done.wait()
+            if pending.error is not None:
+                raise StoreError(f"reading content failed: {pending.error}")
+            assert pending.value is not None
+            found[key] = pending.value
+        return [found[key] for key in keys]
+
+    async def _load(self, mine: dict[Key, _Pending]) -> None:
+        try:
+            loaded = await self._loader(list(mine))
+            for key, pending in mine.items():
+                pending.value = loaded[key]
+                self._remember(key, loaded[key])
+        except BaseException as e:
+            # Waiters must wake up even if we were cancelled; they re-raise our error.
+            for pending in mine.values():
+                pending.error = e
+            raise
+        finally:
+            for key, pending in mine.items():
+                del self._pending[key]
+                pending.done.set()
+
+    def _remember(self, key: Key, value: bytes) -> None:
+        try:
+            self._lru[key] = value
+        except ValueError:
+            log.debug("chunk %s-%d larger than the cache, not kept", *key)
+
+
+class ContentCache:
+    """Byte ranges of files, assembled from cached chunks of `chunk_size` bytes."""
+
+    def __init__(self, loader: Loader, chunk_size: int, max_bytes: int) -> None:
+        self.chunk_size = chunk_size
+        self.chunks = ChunkCache(loader, max_bytes)
+
+    async def read(self, digest: str, size: int, offset: int, length: int) -> bytes:
+        """Up to `length` bytes at `offset` of a file of `size` bytes with content `digest`."""
+        end = min(size, offset + length)
+        if offset >= end:
+            return b""
+        first, last = offset // self.chunk_size, (end - 1) // self.chunk_size
+        chunks = await self.chunks.get_many([(digest, n) for n in range(first, last + 1)])
+        for n, chunk in zip(range(first, last + 1), chunks, strict=False):
+            expected = min(self.chunk_size, size - n * self.chunk_size)
+            if len(chunk) != expected:
+                raise StoreError(
+                    f"content chunk {digest}-{n} has {len(chunk)} bytes, expected {expected}"
+                )
+        data = b"".join(chunks)
+        start = offset - first * self.chunk_size
+        return data[start : start + end - offset]

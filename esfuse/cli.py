@@ -1,0 +1,187 @@
+"""The `esfuse` command line: ingest, mount, umount.
+
+Errors a user can act on are `EsfuseError`s, printed as one line with exit
+status 1; usage errors are click's, with status 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import trio
+
+from esfuse import daemon, ingest, store
+from esfuse.errors import EsfuseError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(value: str) -> int:
+    """`256M`, `1G`, `65536` → bytes."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", value, re.IGNORECASE)
+    if not m:
+        raise click.BadParameter(f"{value!r} is not a size like 512M or 2G")
+    return int(m[1]) * _UNITS[m[2].upper()]
+
+
+def _index_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        return store.check_name(value)
+    except EsfuseError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+es_option = click.option(
+    "--es",
+    "es_url",
+    envvar="ESFUSE_ES",
+    default="http://127.0.0.1:9200",
+    show_default=True,
+    help="Elasticsearch URL (env ESFUSE_ES).",
+)
+index_option = click.option(
+    "--index",
+    envvar="ESFUSE_INDEX",
+    default="docs",
+    show_default=True,
+    callback=_index_name,
+    help="Docs index name (env ESFUSE_INDEX).",
+)
+timeout_option = click.option(
+    "--timeout",
+    type=click.FloatRange(0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds before a request to Elasticsearch gives up.",
+)
+
+
+class Cli(click.Group):
+    """Prints user errors as one line instead of a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except EsfuseError as e:
+            click.echo(f"esfuse: {e}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("esfuse: interrupted", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=Cli)
+@click.option("-v", "--verbose", is_flag=True, help="Log progress (INFO).")
+@click.option("--debug", is_flag=True, help="Log everything (DEBUG).")
+@click.version_option(package_name="esfuse")
+def main(verbose: bool, debug: bool) -> None:
+    """Mount documentation stored in Elasticsearch as a read-only file tree."""
+    level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if not debug:
+        # The HTTP client logs every request at INFO and each retry as a WARNING with
+        # a traceback; our own one-line errors say what failed.
+        logging.getLogger("elastic_transport").setLevel(logging.ERROR)
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def with_store(
+    url: str, index: str, timeout: float, work: Callable[[store.Store], Awaitable[T]]
+) -> T:
+    """Run `work` under trio with a connected store, closing the client afterwards."""
+
+    async def run() -> T:
+        client = store.connect(url, timeout=timeout)
+        try:
+            return await work(store.Store(client, index, url))
+        finally:
+            await client.close()
+
+    return trio.run(run)
+
+
+@main.command("ingest")
+@click.argument("src", type=click.Path(path_type=Path))
+@es_option
+@index_option
+@timeout_option
+@click.option(
+    "--checksum", is_flag=True, help="Hash every file instead of trusting unchanged size and mtime."
+)
+@click.option("--break-lock", is_flag=True, help="Remove a lock left by an ingest that died.")
+def ingest_command(
+    src: Path, es_url: str, index: str, timeout: float, checksum: bool, break_lock: bool
+) -> None:
+    """Index every regular file under SRC and publish the new tree."""
+    started = time.monotonic()
+
+    async def work(s: store.Store) -> ingest.Summary:
+        if break_lock:
+            await s.break_lock()
+        return await ingest.ingest(s, src, checksum=checksum)
+
+    summary = with_store(es_url, index, timeout, work)
+    click.echo(summary.line(src, index, time.monotonic() - started))
+
+
+@main.command("mount")
+@click.argument("mountpoint", type=click.Path(path_type=Path))
+@es_option
+@index_option
+@timeout_option
+@click.option("-f", "--foreground", is_flag=True, help="Serve in this process until unmounted.")
+@click.option(
+    "--cache-size",
+    default="256M",
+    show_default=True,
+    callback=lambda c, p, v: parse_size(v),
+    help="Memory for file contents.",
+)
+@click.option(
+    "--allow-other",
+    is_flag=True,
+    help="Let other users read the mount (needs user_allow_other for non-root).",
+)
+@click.option(
+    "--log-file",
+    type=click.Path(path_type=Path),
+    help="Daemon log (default: next to its runtime record).",
+)
+def mount_command(
+    mountpoint: Path,
+    es_url: str,
+    index: str,
+    timeout: float,
+    foreground: bool,
+    cache_size: int,
+    allow_other: bool,
+    log_file: Path | None,
+) -> None:
+    """Mount the docs index at MOUNTPOINT (read-only)."""
+    options = daemon.MountOptions(
+        mountpoint=mountpoint,
+        es_url=es_url,
+        index=index,
+        cache_bytes=cache_size,
+        timeout=timeout,
+        allow_other=allow_other,
+        log_file=log_file,
+    )
+    daemon.mount(options, foreground=foreground)
+
+
+@main.command("umount")
+@click.argument("mountpoint", type=click.Path(path_type=Path))
+def umount_command(mountpoint: Path) -> None:
+    """Unmount MOUNTPOINT and wait for its daemon to exit."""
+    daemon.umount(mountpoint)

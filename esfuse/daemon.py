@@ -1,0 +1,274 @@
+"""The mount's life: checks, start-up, readiness, signals, unmount.
+
+`mount` returns only once the kernel mount answers (or fails with the reason):
+in the background case a forked child loads the tree, mounts, and reports
+"ready" or the error through a pipe, then detaches. Each running mount leaves a
+small record in the runtime directory, keyed by its mountpoint, so that
+`esfuse umount` (and later tools) can find the daemon that serves a path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyfuse3
+import trio
+
+from esfuse.cache import ContentCache
+from esfuse.errors import EsfuseError
+from esfuse.fs import Operations
+from esfuse.store import Store, connect
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MountOptions:
+    mountpoint: Path
+    es_url: str
+    index: str
+    cache_bytes: int = 256 << 20
+    timeout: float = 10.0
+    allow_other: bool = False
+    log_file: Path | None = None
+
+
+# -- where running mounts are recorded ------------------------------------------
+
+
+def runtime_dir() -> Path:
+    configured = os.environ.get("ESFUSE_RUNTIME_DIR")
+    if configured:
+        return Path(configured)
+    if os.geteuid() == 0:
+        return Path("/run/esfuse")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(xdg) / "esfuse" if xdg else Path(f"/tmp/esfuse-{os.geteuid()}")
+
+
+def record_path(mountpoint: Path, suffix: str = ".json") -> Path:
+    key = hashlib.sha1(os.fsencode(mountpoint)).hexdigest()[:16]
+    return runtime_dir() / f"{key}{suffix}"
+
+
+def write_record(mountpoint: Path, index: str, es_url: str) -> None:
+    path = record_path(mountpoint)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(
+        json.dumps(
+            {"mountpoint": str(mountpoint), "pid": os.getpid(), "index": index, "es": es_url}
+        )
+    )
+    tmp.replace(path)
+
+
+def read_record(mountpoint: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(record_path(mountpoint).read_text())
+    except (OSError, ValueError):
+        return None
+    return (
+        record if isinstance(record, dict) and record.get("mountpoint") == str(mountpoint) else None
+    )
+
+
+def mounted_fstype(mountpoint: Path) -> str | None:
+    """The file system type mounted at `mountpoint`, from mountinfo (a stat could hang)."""
+    wanted = os.fsencode(mountpoint)
+    found = None
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            fields = line.split()
+            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), fields[4])
+            if point == wanted:
+                found = fields[fields.index(b"-") + 1].decode()  # the last mount wins
+    return found
+
+
+# -- mounting ----------------------------------------------------------------------
+
+
+def check_mountpoint(path: Path) -> Path:
+    mountpoint = Path(os.path.abspath(path))
+    if mounted_fstype(mountpoint):
+        raise EsfuseError(f"{mountpoint} is already a mount point")
+    if not mountpoint.exists():
+        raise EsfuseError(f"mountpoint {mountpoint} does not exist")
+    if not mountpoint.is_dir():
+        raise EsfuseError(f"mountpoint {mountpoint} is not a directory")
+    if any(mountpoint.iterdir()):
+        raise EsfuseError(f"mountpoint {mountpoint} is not empty")
+    return mountpoint
+
+
+def mount(options: MountOptions, *, foreground: bool) -> None:
+    """Mount and serve; in the background case, return once the mount is ready."""
+    mountpoint = check_mountpoint(options.mountpoint)
+    options = MountOptions(**{**options.__dict__, "mountpoint": mountpoint})
+    if foreground:
+        trio.run(serve, options, lambda: None)
+        return
+    read_end, write_end = os.pipe()
+    if os.fork():
+        os.close(write_end)
+        _await_ready(read_end, options)
+        return
+    os.close(read_end)
+    _run_daemon(options, write_end)
+
+
+def _await_ready(read_end: int, options: MountOptions) -> None:
+    with os.fdopen(read_end, "rb") as pipe:
+        message = pipe.read().decode("utf-8", "replace").strip()
+    if message != "ready":
+        log_file = options.log_file or record_path(options.mountpoint, ".log")
+        raise EsfuseError(message or f"the daemon died before the mount was ready (see {log_file})")
+
+
+def _run_daemon(options: MountOptions, write_end: int) -> None:
+    """The forked child: never returns; reports the outcome of start-up through `write_end`."""
+    os.setsid()
+    log_file = options.log_file or record_path(options.mountpoint, ".log")
+    _log_to(log_file)
+
+    def ready() -> None:
+        os.write(write_end, b"ready")
+        os.close(write_end)
+        _detach_stdio()
+
+    code = 0
+    try:
+        trio.run(serve, options, ready)
+    except EsfuseError as e:
+        log.error("%s", e)
+        with contextlib.suppress(OSError):
+            os.write(write_end, str(e).encode())
+        code = 1
+    except BaseException:
+        log.exception("daemon failed")
+        code = 1
+    finally:
+        logging.shutdown()
+        os._exit(code)
+
+
+def _log_to(log_file: Path) -> None:
+    log_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    handler = logging.FileHandler(log_file)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in root.handlers[:]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+
+
+def _detach_stdio() -> None:
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
+    """Load the tree, mount, serve until unmounted or signalled."""
+    client = connect(options.es_url, timeout=options.timeout)
+    try:
+        store = Store(client, options.index, options.es_url)
+        started = time.monotonic()
+        pointer, tree = await store.load_tree()
+        log.info(
+            "loaded tree version %d of %r: %d files in %.3f s",
+            pointer.version,
+            options.index,
+            tree.file_count,
+            time.monotonic() - started,
+        )
+        content = ContentCache(store.fetch_chunks, pointer.chunk_size, options.cache_bytes)
+        _fuse_init(Operations(tree, content), options)
+        try:
+            write_record(options.mountpoint, options.index, options.es_url)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_terminate_on_signals)
+                ready()
+                await pyfuse3.main()
+                nursery.cancel_scope.cancel()
+        finally:
+            with contextlib.suppress(OSError):
+                record_path(options.mountpoint).unlink()
+            pyfuse3.close(unmount=mounted_fstype(options.mountpoint) is not None)
+            log.info("unmounted %s", options.mountpoint)
+    finally:
+        await client.close()
+
+
+def _fuse_init(ops: Operations, options: MountOptions) -> None:
+    fuse_options = set(pyfuse3.default_options) | {
+        "ro",
+        f"fsname=esfuse:{options.index}",
+        "subtype=esfuse",
+        "noatime",
+    }
+    if options.allow_other:
+        fuse_options.add("allow_other")
+    try:
+        pyfuse3.init(ops, str(options.mountpoint), fuse_options)
+    except RuntimeError as e:
+        raise EsfuseError(f"cannot mount on {options.mountpoint}: {e}") from None
+
+
+async def _terminate_on_signals() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("received %s, unmounting", signal.Signals(signum).name)
+            pyfuse3.terminate()
+
+
+# -- unmounting --------------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def umount(path: Path, *, timeout: float = 15.0) -> None:
+    """Unmount and wait until the daemon serving `path` has exited."""
+    mountpoint = Path(os.path.abspath(path))
+    record = read_record(mountpoint)
+    fstype = mounted_fstype(mountpoint)
+    pid = record.get("pid") if record else None
+    if isinstance(pid, int) and _alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _alive(pid):
+            if time.monotonic() > deadline:
+                raise EsfuseError(
+                    f"the daemon for {mountpoint} (pid {pid}) did not exit within {timeout:.0f} s"
+                )
+            time.sleep(0.02)
+    elif fstype is not None and fstype.startswith("fuse"):
+        done = subprocess.run(
+            ["fusermount3", "-u", str(mountpoint)], capture_output=True, text=True, check=False
+        )
+        if done.returncode:
+            raise EsfuseError(done.stderr.strip() or f"cannot unmount {mountpoint}")
+    else:
+        raise EsfuseError(f"{mountpoint} is not an esfuse mount")

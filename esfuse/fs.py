@@ -1,0 +1,177 @@
+"""The pyfuse3 adapter: kernel requests in, answers from the tree and the content cache out.
+
+This class holds no logic of its own beyond translating. Every handler passes
+through `boundary`, the one place where failures become errno values: pyfuse3
+lets only `FUSEError` out of a handler, and any other exception would end
+`pyfuse3.main()` and with it the mount.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar
+
+import pyfuse3
+
+from esfuse.cache import ContentCache
+from esfuse.errors import StoreError
+from esfuse.tree import Tree
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# The tree only changes through a refresh, which invalidates what it changes, so
+# the kernel may keep names and attributes for long.
+TIMEOUT = 300.0
+BLOCK = 4096
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def boundary(handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Let FUSEError through; log anything else once and answer EIO."""
+
+    @functools.wraps(handler)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await handler(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except StoreError as e:
+            log.error("%s%r: %s", handler.__name__, args[1:], e)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        except KeyError:
+            # An inode the tree does not know (stale kernel state): it is gone.
+            raise pyfuse3.FUSEError(errno.ENOENT) from None
+        except Exception:
+            log.exception("unexpected error in %s%r", handler.__name__, args[1:])
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+class Operations(pyfuse3.Operations):
+    """A read-only view of one tree."""
+
+    def __init__(self, tree: Tree, content: ContentCache) -> None:
+        super().__init__()
+        self.tree = tree
+        self.content = content
+        self.uid = os.getuid()
+        self.gid = os.getgid()
+
+    def attributes(self, inode: int) -> pyfuse3.EntryAttributes:
+        node = self.tree.node(inode)
+        attr = pyfuse3.EntryAttributes()
+        attr.st_ino = pyfuse3.InodeT(inode)
+        attr.entry_timeout = TIMEOUT
+        attr.attr_timeout = TIMEOUT
+        attr.st_mode = pyfuse3.ModeT(0o040555 if node.is_dir else 0o100444)
+        attr.st_nlink = node.nlink
+        attr.st_uid = self.uid
+        attr.st_gid = self.gid
+        attr.st_size = node.size
+        attr.st_blksize = BLOCK
+        attr.st_blocks = -(-node.size // 512)
+        attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = node.mtime_ns
+        return attr
+
+    @boundary
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
+        if name == b".":
+            return self.attributes(parent_inode)
+        if name == b"..":
+            return self.attributes(self.tree.parent(parent_inode))
+        inode = self.tree.lookup(parent_inode, name)
+        if inode is None:
+            # st_ino 0 makes the kernel cache the miss for entry_timeout.
+            miss = pyfuse3.EntryAttributes()
+            miss.st_ino = pyfuse3.InodeT(0)
+            miss.entry_timeout = TIMEOUT
+            return miss
+        return self.attributes(inode)
+
+    @boundary
+    async def getattr(self, inode: int, ctx: Any = None) -> Any:
+        return self.attributes(inode)
+
+    @boundary
+    async def opendir(self, inode: int, ctx: Any) -> Any:
+        if not self.tree.is_dir(inode):
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return pyfuse3.FileHandleT(inode)
+
+    @boundary
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        listing = self.tree.listing(fh)
+        for next_id in range(start_id + 1, len(listing) + 1):
+            name, inode = listing[next_id - 1]
+            if not pyfuse3.readdir_reply(token, name, self.attributes(inode), next_id):
+                break
+
+    @boundary
+    async def releasedir(self, fh: int) -> None:
+        return None
+
+    @boundary
+    async def open(self, inode: int, flags: int, ctx: Any) -> Any:
+        if flags & _WRITE_FLAGS:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        if self.tree.is_dir(inode):
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        self.tree.node(inode)
+        return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(inode), keep_cache=True)
+
+    @boundary
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        node = self.tree.node(fh)
+        if node.digest is None:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        return await self.content.read(node.digest, node.size, off, size)
+
+    @boundary
+    async def release(self, fh: int) -> None:
+        return None
+
+    @boundary
+    async def access(self, inode: int, mode: int, ctx: Any) -> bool:
+        self.tree.node(inode)
+        return not mode & os.W_OK
+
+    @boundary
+    async def statfs(self, ctx: Any) -> Any:
+        stat = pyfuse3.StatvfsData()
+        stat.f_bsize = stat.f_frsize = BLOCK
+        stat.f_blocks = -(-self.tree.total_size // BLOCK)
+        stat.f_bfree = stat.f_bavail = 0
+        stat.f_files = self.tree.inode_count
+        stat.f_ffree = stat.f_favail = 0
+        stat.f_namemax = 255
+        return stat
+
+    @boundary
+    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        self.tree.node(inode)
+        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+
+    @boundary
+    async def listxattr(self, inode: int, ctx: Any) -> Any:
+        self.tree.node(inode)
+        return []
+
+    async def forget(self, inode_list: Any) -> None:
+        # Inodes are positions in an immutable tree: there is nothing to free.
+        return None
+
+    async def _refuse_write(self, *args: Any, **kwargs: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    # The kernel `ro` option stops these before they reach us; refusing here too
+    # keeps the file system read-only even if it is mounted without it.
+    setattr = mknod = mkdir = unlink = rmdir = symlink = rename = link = _refuse_write
+    write = create = setxattr = removexattr = fsync = fsyncdir = _refuse_write

@@ -1,0 +1,257 @@
+"""The path tree: every directory and file of a published docs index, in memory.
+
+A mount loads the tree once and answers `lookup`, `getattr`, `readdir` and
+`statfs` from it alone, so listing and stat never wait on Elasticsearch. The
+tree is also the unit of publication: `encode`/`decode` turn it into the
+compressed document that ingest stores last, once all contents are in place.
+
+Inodes are positions in flat per-field lists (inode 1 is the root), because a
+million small objects cost several times the memory of a few long lists.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from esfuse.errors import TreeError
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+ROOT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    """A regular file: where it is, how big, when it changed, what it holds."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class DirRecord:
+    """A directory; the root is the one with path ``""``."""
+
+    path: str
+    mtime_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """What `getattr` needs to know about one inode."""
+
+    inode: int
+    is_dir: bool
+    size: int
+    mtime_ns: int
+    nlink: int
+    digest: str | None
+
+
+def split_path(path: str) -> list[str]:
+    """The components of a relative path, refusing anything that could escape the tree."""
+    if path == "":
+        return []
+    parts = path.split("/")
+    for part in parts:
+        if part in ("", ".", "..") or "\0" in part:
+            raise TreeError(f"invalid path in tree: {path!r}")
+    return parts
+
+
+class Tree:
+    """An immutable directory tree with integer inodes."""
+
+    def __init__(self, dirs: Iterable[DirRecord], files: Iterable[FileRecord]) -> None:
+        self._names: list[bytes] = [b""]
+        self._parents: list[int] = [ROOT]
+        self._mtimes: list[int] = [0]
+        self._sizes: list[int] = [0]
+        self._digests: list[str | None] = [None]
+        self._subdirs: list[int] = [0]
+        self._children: dict[int, dict[bytes, int]] = {ROOT: {}}
+        self._listings: dict[int, list[tuple[bytes, int]]] = {}
+        self._dir_index: dict[str, int] = {"": ROOT}
+        self.total_size = 0
+        self.file_count = 0
+        for d in dirs:
+            self._mtimes[self._ensure_dir(d.path) - 1] = d.mtime_ns
+        for f in files:
+            self._add_file(f)
+        for inode, children in self._children.items():
+            self._children[inode] = dict(sorted(children.items()))
+        del self._dir_index  # only needed while building
+
+    @property
+    def inode_count(self) -> int:
+        return len(self._names)
+
+    @property
+    def dir_count(self) -> int:
+        return len(self._children)
+
+    def _new_inode(
+        self, parent: int, name: str, mtime_ns: int, size: int, digest: str | None
+    ) -> int:
+        children = self._children[parent]
+        encoded = name.encode("utf-8", "surrogateescape")
+        if encoded in children:
+            raise TreeError(f"duplicate entry in tree: {self.path(parent)}/{name}")
+        self._names.append(encoded)
+        self._parents.append(parent)
+        self._mtimes.append(mtime_ns)
+        self._sizes.append(size)
+        self._digests.append(digest)
+        self._subdirs.append(0)
+        inode = len(self._names)
+        children[encoded] = inode
+        return inode
+
+    def _ensure_dir(self, path: str) -> int:
+        known = self._dir_index.get(path)
+        if known is not None:
+            return known
+        parts = split_path(path)
+        parent = self._ensure_dir("/".join(parts[:-1]))
+        if parts[-1].encode("utf-8", "surrogateescape") in self._children[parent]:
+            raise TreeError(f"tree has both a file and a directory at {path!r}")
+        inode = self._new_inode(parent, parts[-1], 0, 0, None)
+        self._children[inode] = {}
+        self._subdirs[parent - 1] += 1
+        self._dir_index[path] = inode
+        return inode
+
+    def _add_file(self, f: FileRecord) -> None:
+        parts = split_path(f.path)
+        if not parts:
+            raise TreeError("a file record has an empty path")
+        if f.size < 0:
+            raise TreeError(f"negative size for {f.path!r}")
+        parent = self._ensure_dir("/".join(parts[:-1]))
+        self._new_inode(parent, parts[-1], f.mtime_ns, f.size, f.digest)
+        self.total_size += f.size
+        self.file_count += 1
+
+    # -- queries -------------------------------------------------------------
+
+    def _check(self, inode: int) -> int:
+        if not 1 <= inode <= len(self._names):
+            raise KeyError(inode)
+        return inode - 1
+
+    def is_dir(self, inode: int) -> bool:
+        return inode in self._children
+
+    def node(self, inode: int) -> Node:
+        i = self._check(inode)
+        is_dir = inode in self._children
+        return Node(
+            inode=inode,
+            is_dir=is_dir,
+            size=self._sizes[i],
+            mtime_ns=self._mtimes[i],
+            nlink=2 + self._subdirs[i] if is_dir else 1,
+            digest=self._digests[i],
+        )
+
+    def parent(self, inode: int) -> int:
+        return self._parents[self._check(inode)]
+
+    def lookup(self, parent: int, name: bytes) -> int | None:
+        """The inode of `name` in directory `parent`, or None."""
+        children = self._children.get(parent)
+        return None if children is None else children.get(name)
+
+    def listing(self, inode: int) -> list[tuple[bytes, int]]:
+        """A directory's entries, sorted by name; stable, so offsets into it are too."""
+        listing = self._listings.get(inode)
+        if listing is None:
+            listing = self._listings[inode] = list(self._children[inode].items())
+        return listing
+
+    def resolve(self, path: str) -> int | None:
+        """The inode at a relative path, or None."""
+        inode: int | None = ROOT
+        for part in path.strip("/").split("/") if path.strip("/") else []:
+            inode = self.lookup(inode, part.encode("utf-8", "surrogateescape"))
+            if inode is None:
+                return None
+        return inode
+
+    def path(self, inode: int) -> str:
+        parts: list[str] = []
+        while inode != ROOT:
+            i = self._check(inode)
+            parts.append(self._names[i].decode("utf-8", "surrogateescape"))
+            inode = self._parents[i]
+        return "/".join(reversed(parts))
+
+    def files(self) -> Iterator[FileRecord]:
+        """Every file, depth first in name order."""
+        for inode, path in self._walk(ROOT, ""):
+            if inode not in self._children:
+                i = inode - 1
+                yield FileRecord(path, self._sizes[i], self._mtimes[i], self._digests[i] or "")
+
+    def dirs(self) -> Iterator[DirRecord]:
+        yield DirRecord("", self._mtimes[0])
+        for inode, path in self._walk(ROOT, ""):
+            if inode in self._children:
+                yield DirRecord(path, self._mtimes[inode - 1])
+
+    def _walk(self, inode: int, prefix: str) -> Iterator[tuple[int, str]]:
+        for name, child in self.listing(inode):
+            path = prefix + name.decode("utf-8", "surrogateescape")
+            yield child, path
+            if child in self._children:
+                yield from self._walk(child, path + "/")
+
+
+# -- the tree document ---------------------------------------------------------
+
+
+def encode(dirs: Iterable[DirRecord], files: Iterable[FileRecord]) -> bytes:
+    """The compressed tree document that ingest publishes."""
+    doc = {
+        "format": FORMAT,
+        "dirs": [[d.path, d.mtime_ns] for d in dirs],
+        "files": [[f.path, f.size, f.mtime_ns, f.digest] for f in files],
+    }
+    # ensure_ascii keeps names that are not valid UTF-8 (surrogate escapes) encodable.
+    return gzip.compress(json.dumps(doc, separators=(",", ":")).encode("ascii"), mtime=0)
+
+
+def decode(blob: bytes) -> Tree:
+    """Rebuild a tree from `encode`'s output; a damaged document is a TreeError, never a crash."""
+    try:
+        doc = json.loads(gzip.decompress(blob))
+    except (OSError, EOFError, ValueError) as e:
+        raise TreeError(f"tree document is corrupt: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise TreeError(f"tree document has format {found!r}; this esfuse reads format {FORMAT}")
+    try:
+        dirs = [DirRecord(_str(p), _int(m)) for p, m in doc["dirs"]]
+        files = [FileRecord(_str(p), _int(s), _int(m), _str(d)) for p, s, m, d in doc["files"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise TreeError(f"tree document is corrupt: bad record ({e})") from None
+    return Tree(dirs, files)
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {value!r}")
+    return value
+
+
+def _int(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value

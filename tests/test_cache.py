@@ -1,0 +1,127 @@
+"""Pure units: the chunk cache and range reads, with a loader that counts its calls."""
+
+import pytest
+import trio
+
+from esfuse.cache import ChunkCache, ContentCache
+from esfuse.errors import StoreError
+
+DATA = bytes(range(256)) * 40  # 10,240 bytes
+CHUNK = 1000
+
+
+def chunks_of(data: bytes) -> dict:
+    return {("d", n): data[n * CHUNK : (n + 1) * CHUNK] for n in range(-(-len(data) // CHUNK))}
+
+
+class Loader:
+    def __init__(self, chunks: dict, delay: float = 0.0, fail: bool = False):
+        self.chunks, self.delay, self.fail = chunks, delay, fail
+        self.calls: list[list] = []
+
+    async def __call__(self, keys):
+        self.calls.append(list(keys))
+        await trio.sleep(self.delay)
+        if self.fail:
+            raise StoreError("backend down")
+        return {k: self.chunks[k] for k in keys}
+
+
+@pytest.mark.parametrize(
+    "offset, length",
+    [
+        (0, 10),
+        (0, 10_240),
+        (990, 20),
+        (999, 1),
+        (1000, 1000),
+        (5, 9000),
+        (10_230, 100),
+        (10_240, 5),
+        (20_000, 5),
+    ],
+)
+def test_ranges_are_exact(offset, length):
+    cache = ContentCache(Loader(chunks_of(DATA)), CHUNK, 1 << 20)
+    got = trio.run(cache.read, "d", len(DATA), offset, length)
+    assert got == DATA[offset : offset + length]
+
+
+def test_one_request_per_read_and_hits_afterwards():
+    loader = Loader(chunks_of(DATA))
+    cache = ContentCache(loader, CHUNK, 1 << 20)
+    trio.run(cache.read, "d", len(DATA), 500, 2000)
+    assert loader.calls == [[("d", 0), ("d", 1), ("d", 2)]]
+    trio.run(cache.read, "d", len(DATA), 0, 3000)
+    assert len(loader.calls) == 1
+    assert cache.chunks.hits == 3 and cache.chunks.misses == 3
+
+
+def test_concurrent_first_reads_make_one_request():
+    loader = Loader(chunks_of(DATA), delay=0.05)
+    cache = ContentCache(loader, CHUNK, 1 << 20)
+    results = []
+
+    async def main():
+        async with trio.open_nursery() as n:
+            for _ in range(10):
+                n.start_soon(lambda: _read(results))
+
+    async def _read(out):
+        out.append(await cache.read("d", len(DATA), 0, 1500))
+
+    trio.run(main)
+    assert results == [DATA[:1500]] * 10
+    assert loader.calls == [[("d", 0), ("d", 1)]]
+
+
+def test_cache_is_bounded_in_bytes():
+    loader = Loader(chunks_of(DATA))
+    cache = ContentCache(loader, CHUNK, 3 * CHUNK)
+    trio.run(cache.read, "d", len(DATA), 0, len(DATA))
+    assert cache.chunks.current_bytes <= 3 * CHUNK
+    trio.run(cache.read, "d", len(DATA), 0, 10)  # evicted: loaded again
+    assert len(loader.calls) == 2
+
+
+def test_chunk_larger_than_cache_is_served_not_kept():
+    cache = ContentCache(Loader(chunks_of(DATA)), CHUNK, 10)
+    assert trio.run(cache.read, "d", len(DATA), 0, 1500) == DATA[:1500]
+    assert cache.chunks.current_bytes == 0
+
+
+def test_failure_reaches_every_waiter_and_is_not_cached():
+    loader = Loader(chunks_of(DATA), delay=0.05, fail=True)
+    cache = ContentCache(loader, CHUNK, 1 << 20)
+    errors = []
+
+    async def read():
+        try:
+            await cache.read("d", len(DATA), 0, 100)
+        except StoreError as e:
+            errors.append(str(e))
+
+    async def main():
+        async with trio.open_nursery() as n:
+            for _ in range(3):
+                n.start_soon(read)
+
+    trio.run(main)
+    assert len(errors) == 3 and len(loader.calls) == 1
+    loader.fail = False
+    assert trio.run(cache.read, "d", len(DATA), 0, 100) == DATA[:100]
+
+
+def test_wrong_chunk_length_is_an_error():
+    bad = chunks_of(DATA)
+    bad[("d", 1)] = b"short"
+    cache = ContentCache(Loader(bad), CHUNK, 1 << 20)
+    with pytest.raises(StoreError, match="expected 1000"):
+        trio.run(cache.read, "d", len(DATA), 0, 2000)
+
+
+def test_chunk_cache_returns_in_request_order():
+    loader = Loader({("a", 0): b"A", ("b", 0): b"B"})
+    cache = ChunkCache(loader, 100)
+    assert trio.run(cache.get_many, [("b", 0), ("a", 0), ("b", 0)]) == [b"B", b"A", b"B"]
+    assert loader.calls == [[("b", 0), ("a", 0)]]

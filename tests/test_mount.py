@@ -1,0 +1,293 @@
+"""The mounted file system, driven by real programs over a real FUSE mount."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from esfuse.daemon import read_record
+from tests.conftest import ESFUSE, Docs, corpus, esfuse, mount_or_fail, run, unmount
+
+pytestmark = [pytest.mark.es, pytest.mark.mount]
+
+PATTERNS = [
+    "access_token",
+    "OAuth",
+    "# OAuth",
+    "<tip>",
+    "user@x.com",
+    "a&b",
+    "~/.ssh",
+    "naïve",
+    "ドキュメント",
+    "^# ",
+    "entry 4[0-9]*7 of",
+    "token.*header$",
+]
+
+
+def test_diff_r_is_empty(mounted, fixture_src):
+    done = run("diff", "-r", mounted, fixture_src)
+    assert done.returncode == 0 and done.stdout == b"", done.stdout[:2000]
+
+
+def test_find_lists_the_same_tree(mounted, fixture_src):
+    def listing(root: Path) -> bytes:
+        return run("find", ".", cwd=root, check=True).stdout
+
+    assert sorted(listing(mounted).splitlines()) == sorted(listing(fixture_src).splitlines())
+
+
+def test_stat_sizes_mtimes_modes_and_links(mounted, fixture_src):
+    for src in fixture_src.rglob("*"):
+        rel = src.relative_to(fixture_src)
+        ours, theirs = os.stat(mounted / rel), os.stat(src)
+        if src.is_dir():
+            assert stat.S_IMODE(ours.st_mode) == 0o555 and stat.S_ISDIR(ours.st_mode)
+            assert ours.st_nlink == 2 + sum(1 for c in src.iterdir() if c.is_dir()), rel
+        else:
+            assert stat.S_IMODE(ours.st_mode) == 0o444 and stat.S_ISREG(ours.st_mode)
+            assert (ours.st_size, ours.st_mtime_ns) == (theirs.st_size, theirs.st_mtime_ns), rel
+            assert ours.st_blocks * 512 >= ours.st_size
+    big = os.stat(mounted / "large" / "big.txt")
+    assert big.st_size == 5_000_000
+
+
+def test_ls_lr_works(mounted):
+    done = run("ls", "-lR", mounted)
+    assert done.returncode == 0 and done.stderr == b""
+    assert "naïve résumé.md".encode() in done.stdout
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_grep_rn_prints_what_it_prints_on_the_source(mounted, fixture_src, pattern):
+    ours = run("grep", "-rn", "--", pattern, ".", cwd=mounted)
+    theirs = run("grep", "-rn", "--", pattern, ".", cwd=fixture_src)
+    assert ours.returncode == theirs.returncode
+    assert sorted(ours.stdout.splitlines()) == sorted(theirs.stdout.splitlines())
+    assert ours.stdout.count(b"\n") == theirs.stdout.count(b"\n")
+
+
+def test_grep_rn_with_absolute_paths(mounted, fixture_src):
+    ours = run("grep", "-rn", "Bearer", mounted).stdout.replace(bytes(mounted), b"ROOT")
+    theirs = run("grep", "-rn", "Bearer", fixture_src).stdout.replace(bytes(fixture_src), b"ROOT")
+    assert sorted(ours.splitlines()) == sorted(theirs.splitlines()) != []
+
+
+WRITES = [
+    "touch {m}/README.md",
+    "touch {m}/new.md",
+    "echo x > {m}/README.md",
+    "echo x >> {m}/README.md",
+    "rm {m}/README.md",
+    "rmdir {m}/empty-dir",
+    "mv {m}/README.md {m}/moved.md",
+    "mkdir {m}/newdir",
+    "ln {m}/README.md {m}/hard",
+    "ln -s README.md {m}/soft",
+    "chmod 777 {m}/README.md",
+    "chown nobody {m}/README.md",
+    "truncate -s 0 {m}/README.md",
+    "setfattr -n user.x -v 1 {m}/README.md",
+    "cp /etc/hostname {m}/copied",
+]
+
+
+@pytest.mark.parametrize("command", WRITES)
+def test_every_write_fails_with_erofs(mounted, docs, command):
+    before = (docs.count("chunks"), docs.count("files"), docs.count("meta"))
+    done = run("bash", "-c", command.format(m=mounted), text=True)
+    assert done.returncode != 0
+    assert "Read-only file system" in done.stderr, done.stderr
+    assert (docs.count("chunks"), docs.count("files"), docs.count("meta")) == before
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda m: os.open(m / "README.md", os.O_WRONLY),
+        lambda m: os.open(m / "README.md", os.O_RDWR),
+        lambda m: os.open(m / "x.md", os.O_CREAT | os.O_WRONLY),
+        lambda m: os.unlink(m / "README.md"),
+        lambda m: os.rename(m / "README.md", m / "y"),
+        lambda m: os.mkdir(m / "d"),
+        lambda m: os.utime(m / "README.md"),
+    ],
+)
+def test_write_syscalls_get_errno_30(mounted, call):
+    with pytest.raises(OSError) as raised:
+        call(mounted)
+    assert raised.value.errno == errno.EROFS == 30
+
+
+def test_errnos_for_missing_notdir_and_isdir(mounted):
+    with pytest.raises(FileNotFoundError):
+        os.stat(mounted / "missing.md")
+    with pytest.raises(FileNotFoundError):
+        (mounted / "guide" / "missing").read_bytes()
+    with pytest.raises(NotADirectoryError):
+        os.stat(mounted / "README.md" / "x")
+    with pytest.raises(IsADirectoryError):
+        (mounted / "guide").read_bytes()
+    done = run("cat", mounted / "guide", text=True)
+    assert done.returncode == 1 and "Is a directory" in done.stderr
+
+
+def test_reads_at_offsets_are_exact(mounted, fixture_src):
+    data = (fixture_src / "large" / "big.txt").read_bytes()
+    with open(mounted / "large" / "big.txt", "rb", buffering=0) as f:
+        for offset, size in [(0, 1), ((1 << 20) - 3, 10), (4_999_990, 100), (5_000_000, 10)]:
+            f.seek(offset)
+            assert f.read(size) == data[offset : offset + size]
+
+
+def test_statfs_and_xattrs(mounted, docs):
+    done = run("stat", "-f", "-c", "%c %t", mounted, text=True, check=True)
+    files, _ = done.stdout.split()
+    tree_inodes = sum(1 for _ in docs.src.rglob("*")) + 1
+    assert int(files) == tree_inodes
+    assert os.listxattr(mounted / "README.md") == []
+    done = run("getfattr", "-d", mounted / "README.md", text=True)
+    assert done.returncode == 0 and done.stderr == ""
+
+
+def test_eight_concurrent_readers_for_thirty_seconds(mounted, fixture_src):
+    seconds = float(os.environ.get("ESFUSE_STRESS_SECONDS", "30"))
+    loop = (
+        "end=$((SECONDS+{s})); n=0; while [ $SECONDS -lt $end ]; do {cmd} >/dev/null || exit 1; "
+        "n=$((n+1)); done; echo $n"
+    )
+    commands = [
+        "grep -r -c token {m}",
+        "cat {m}/large/big.txt",
+        "grep -rl OAuth {m}",
+        "cat {m}/wide/page-0001.md {m}/assets/logo.png",
+    ] * 2
+    procs = [
+        subprocess.Popen(
+            ["bash", "-c", loop.format(s=int(seconds), cmd=c.format(m=mounted))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for c in commands
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=seconds + 120)
+        assert p.returncode == 0 and err == "", err
+        assert int(out) > 0
+    assert run("diff", "-r", mounted, fixture_src).returncode == 0
+
+
+# -- the mount's life ---------------------------------------------------------------
+
+
+def one_line_error(done, needle):
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert done.stderr.count("\n") == 1 and needle in done.stderr, done.stderr
+
+
+def test_mounting_on_a_missing_dir_a_non_empty_dir_or_a_mount_fails(docs, mounted, tmp_path):
+    one_line_error(docs.mount(tmp_path / "missing"), "does not exist")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    one_line_error(docs.mount(tmp_path / "full"), "is not empty")
+    one_line_error(docs.mount(mounted), "already a mount point")
+
+
+def test_mounting_an_index_with_nothing_published_fails_clearly(docs, tmp_path):
+    (tmp_path / "m").mkdir()
+    done = esfuse("mount", tmp_path / "m", "--es", docs.url, "--index", "never-ingested")
+    one_line_error(done, "no published tree")
+    assert run("mountpoint", "-q", tmp_path / "m").returncode != 0
+
+
+def test_mounting_with_elasticsearch_unreachable_fails_clearly(tmp_path):
+    (tmp_path / "m").mkdir()
+    done = esfuse("mount", tmp_path / "m", "--es", "http://127.0.0.1:1", "--timeout", "1")
+    one_line_error(done, "cannot reach Elasticsearch")
+
+
+def test_a_corrupt_tree_document_refuses_the_mount(es_url, es, fixture_src, tmp_path):
+    d = Docs(es_url, es, fixture_src / "guide", prefix="corrupt")
+    try:
+        assert d.ingest().returncode == 0
+        pointer = es.get(index=f"{d.name}-meta", id="current")["_source"]
+        es.index(
+            index=f"{d.name}-meta",
+            id=f"tree-{pointer['version']}-0",
+            document={"data": "bm90IGd6aXA="},
+            refresh=True,
+        )
+        (tmp_path / "m").mkdir()
+        one_line_error(d.mount(tmp_path / "m"), "checksum")
+    finally:
+        d.drop()
+
+
+def test_umount_waits_for_the_daemon_and_sigterm_unmounts(docs, tmp_path):
+    mountpoint = mount_or_fail(docs, tmp_path / "m")
+    record = read_record(mountpoint)
+    assert record is not None
+    pid = record["pid"]
+    assert (mountpoint / "README.md").read_bytes() == (docs.src / "README.md").read_bytes()
+    done = esfuse("umount", mountpoint)
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert run("mountpoint", "-q", mountpoint).returncode != 0
+    one_line_error(esfuse("umount", mountpoint), "not an esfuse mount")
+
+    mount_or_fail(docs, mountpoint)
+    pid = read_record(mountpoint)["pid"]
+    os.kill(pid, 15)
+    deadline = time.monotonic() + 10
+    while run("mountpoint", "-q", mountpoint).returncode == 0:
+        assert time.monotonic() < deadline, "SIGTERM did not unmount"
+        time.sleep(0.05)
+    assert list(mountpoint.iterdir()) == []
+
+
+def test_foreground_mount_serves_until_sigint(docs, tmp_path):
+    (tmp_path / "m").mkdir()
+    proc = subprocess.Popen(
+        [*ESFUSE, "mount", "-f", tmp_path / "m", "--es", docs.url, "--index", docs.name],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "m" / "README.md").exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(2)
+        assert proc.wait(timeout=15) == 0
+        assert run("mountpoint", "-q", tmp_path / "m").returncode != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            unmount(tmp_path / "m")
+
+
+def test_the_mintlify_corpus_mounts_byte_exact(es_url, es, tmp_path_factory):
+    src = corpus("mintlify-docs", tmp_path_factory)
+    d = Docs(es_url, es, src, prefix="mintlify")
+    mountpoint = tmp_path_factory.mktemp("mintlify-mnt") / "m"
+    try:
+        done = d.ingest()
+        assert done.returncode == 0, done.stderr
+        mount_or_fail(d, mountpoint)
+        diff = run("diff", "-r", mountpoint, src)
+        assert diff.returncode == 0 and diff.stdout == b"", diff.stdout[:2000]
+        ours = run("grep", "-rn", "api", ".", cwd=mountpoint).stdout
+        theirs = run("grep", "-rn", "api", ".", cwd=src).stdout
+        assert sorted(ours.splitlines()) == sorted(theirs.splitlines())
+    finally:
+        unmount(mountpoint)
+        d.drop()

@@ -1,0 +1,134 @@
+"""Pure units: the path tree and its document."""
+
+import gzip
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from esfuse.errors import TreeError
+from esfuse.tree import ROOT, DirRecord, FileRecord, Tree, decode, encode
+
+FILES = [
+    FileRecord("b.md", 3, 30, "d1"),
+    FileRecord("a/x.md", 5, 50, "d2"),
+    FileRecord("a/sub/y.md", 0, 60, "d3"),
+    FileRecord("café/naïve résumé.md", 7, 70, "d4"),
+]
+DIRS = [DirRecord("", 1), DirRecord("a", 2), DirRecord("empty", 9)]
+
+
+@pytest.fixture
+def tree():
+    return Tree(DIRS, FILES)
+
+
+def names(tree, inode):
+    return [name for name, _ in tree.listing(inode)]
+
+
+def test_listing_is_sorted_and_holds_implicit_and_empty_dirs(tree):
+    assert names(tree, ROOT) == [b"a", b"b.md", "café".encode(), b"empty"]
+    assert names(tree, tree.resolve("a")) == [b"sub", b"x.md"]
+    assert names(tree, tree.resolve("empty")) == []
+
+
+def test_nodes_carry_size_mtime_digest_and_nlink(tree):
+    f = tree.node(tree.resolve("a/x.md"))
+    assert (f.is_dir, f.size, f.mtime_ns, f.digest, f.nlink) == (False, 5, 50, "d2", 1)
+    a = tree.node(tree.resolve("a"))
+    assert (a.is_dir, a.mtime_ns, a.nlink) == (True, 2, 3)
+    assert tree.node(ROOT).nlink == 2 + 3
+    assert tree.node(ROOT).mtime_ns == 1
+
+
+def test_lookup_resolve_and_path_agree(tree):
+    for f in FILES:
+        inode = tree.resolve(f.path)
+        assert inode is not None and tree.path(inode) == f.path
+    assert tree.lookup(ROOT, b"missing") is None
+    assert tree.lookup(tree.resolve("b.md"), b"x") is None  # a file has no children
+    assert tree.resolve("a/x.md/y") is None
+    assert tree.parent(tree.resolve("a/sub")) == tree.resolve("a")
+
+
+def test_counts(tree):
+    assert tree.file_count == 4
+    assert tree.total_size == 15
+    assert tree.dir_count == 5  # root, a, a/sub, café, empty
+    assert tree.inode_count == 9
+
+
+def test_unknown_inode_is_a_key_error(tree):
+    with pytest.raises(KeyError):
+        tree.node(999)
+    with pytest.raises(KeyError):
+        tree.node(0)
+
+
+def test_document_round_trip(tree):
+    again = decode(encode(tree.dirs(), tree.files()))
+    assert list(again.files()) == list(tree.files())
+    assert list(again.dirs()) == list(tree.dirs())
+
+
+@pytest.mark.parametrize("path", ["", "/abs", "a//b", "a/./b", "../up", "a/..", "nul\0x"])
+def test_paths_that_could_escape_are_refused(path):
+    with pytest.raises(TreeError):
+        Tree([], [FileRecord(path, 1, 1, "d")])
+
+
+def test_duplicates_and_file_dir_clashes_are_refused():
+    with pytest.raises(TreeError, match="duplicate"):
+        Tree([], [FileRecord("x", 1, 1, "d"), FileRecord("x", 1, 1, "d")])
+    with pytest.raises(TreeError, match="both a file and a directory"):
+        Tree([], [FileRecord("x", 1, 1, "d"), FileRecord("x/y", 1, 1, "d")])
+    with pytest.raises(TreeError, match="duplicate"):
+        Tree([], [FileRecord("x/y", 1, 1, "d"), FileRecord("x", 1, 1, "d")])
+
+
+def doc(payload) -> bytes:
+    return gzip.compress(json.dumps(payload).encode())
+
+
+@pytest.mark.parametrize(
+    "blob, message",
+    [
+        (b"not gzip", "corrupt"),
+        (gzip.compress(b"{not json"), "corrupt"),
+        (gzip.compress(b"x" * 10)[:-4], "corrupt"),
+        (doc([1, 2]), "format"),
+        (doc({"format": 99, "dirs": [], "files": []}), "format 99"),
+        (doc({"format": 1, "dirs": []}), "corrupt"),
+        (doc({"format": 1, "dirs": [], "files": [["a", "big", 1, "d"]]}), "corrupt"),
+        (doc({"format": 1, "dirs": [], "files": [["a", 1, 1]]}), "corrupt"),
+        (doc({"format": 1, "dirs": [], "files": [["a", True, 1, "d"]]}), "corrupt"),
+        (doc({"format": 1, "dirs": [], "files": [["../a", 1, 1, "d"]]}), "invalid path"),
+        (doc({"format": 1, "dirs": [], "files": [["a", -1, 1, "d"]]}), "negative"),
+    ],
+)
+def test_broken_documents_are_tree_errors(blob, message):
+    with pytest.raises(TreeError, match=message):
+        decode(blob)
+
+
+name = st.text(
+    st.characters(blacklist_characters="/\0", blacklist_categories=["Cs"]), min_size=1, max_size=8
+).filter(lambda s: s not in (".", ".."))
+
+
+@given(st.lists(st.lists(name, min_size=1, max_size=4), max_size=30))
+def test_any_consistent_set_of_paths_round_trips(paths):
+    files, seen = [], set()
+    for parts in paths:
+        path = "/".join(parts)
+        prefixes = {"/".join(parts[:i]) for i in range(1, len(parts))}
+        if path in seen or prefixes & seen or any(p.startswith(path + "/") for p in seen):
+            continue
+        seen.add(path)
+        files.append(FileRecord(path, len(path), 1, "d"))
+    tree = Tree([], files)
+    assert sorted(f.path for f in decode(encode(tree.dirs(), tree.files())).files()) == sorted(seen)
+    for f in files:
+        assert tree.path(tree.resolve(f.path)) == f.path
