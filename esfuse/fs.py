@@ -34,7 +34,7 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
 def boundary(handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """Let FUSEError through; log anything else once and answer EIO."""
+    """Let FUSEError through; log anything else as one line and answer EIO."""
 
     @functools.wraps(handler)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -43,16 +43,25 @@ def boundary(handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         except pyfuse3.FUSEError:
             raise
         except StoreError as e:
-            log.error("%s%r: %s", handler.__name__, args[1:], e)
+            log.error("%s %s: %s", handler.__name__, _subject(args), e)
             raise pyfuse3.FUSEError(errno.EIO) from None
         except KeyError:
             # An inode the tree does not know (stale kernel state): it is gone.
             raise pyfuse3.FUSEError(errno.ENOENT) from None
         except Exception:
-            log.exception("unexpected error in %s%r", handler.__name__, args[1:])
+            log.exception("unexpected error in %s %s", handler.__name__, _subject(args))
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     return wrapper
+
+
+def _subject(args: tuple[Any, ...]) -> str:
+    """The path a request is about, when its first argument is an inode (or fh = inode)."""
+    ops, first = args[0], args[1] if len(args) > 1 else None
+    try:
+        return "/" + ops.tree.path(first) if isinstance(first, int) else ""
+    except KeyError:
+        return f"inode {first}"
 
 
 class Operations(pyfuse3.Operations):
@@ -108,9 +117,13 @@ class Operations(pyfuse3.Operations):
 
     @boundary
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        # `.` and `..` first (ids 1 and 2), as on a disk file system; `ls -a` shows them.
         listing = self.tree.listing(fh)
-        for next_id in range(start_id + 1, len(listing) + 1):
-            name, inode = listing[next_id - 1]
+        for next_id in range(start_id + 1, len(listing) + 3):
+            if next_id <= 2:
+                name, inode = (b".", fh) if next_id == 1 else (b"..", self.tree.parent(fh))
+            else:
+                name, inode = listing[next_id - 3]
             if not pyfuse3.readdir_reply(token, name, self.attributes(inode), next_id):
                 break
 

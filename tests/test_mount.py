@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from esfuse.daemon import read_record
+from esfuse.daemon import read_record, record_path
 from tests.conftest import ESFUSE, Docs, corpus, esfuse, mount_or_fail, run, unmount
 
 pytestmark = [pytest.mark.es, pytest.mark.mount]
@@ -288,6 +288,31 @@ def test_the_mintlify_corpus_mounts_byte_exact(es_url, es, tmp_path_factory):
         ours = run("grep", "-rn", "api", ".", cwd=mountpoint).stdout
         theirs = run("grep", "-rn", "api", ".", cwd=src).stdout
         assert sorted(ours.splitlines()) == sorted(theirs.splitlines())
+    finally:
+        unmount(mountpoint)
+        d.drop()
+
+
+def test_ls_a_shows_dot_entries_once(mounted):
+    names = run("ls", "-a1", mounted / "wide", text=True, check=True).stdout.splitlines()
+    assert names[:2] == [".", ".."] and len(names) == len(set(names)) == 5002
+
+
+def test_a_backend_failure_is_eio_and_the_mount_keeps_serving(es_url, es, fixture_src, tmp_path):
+    d = Docs(es_url, es, fixture_src / "guide", prefix="eio")
+    mountpoint = tmp_path / "m"
+    try:
+        assert d.ingest().returncode == 0
+        mount_or_fail(d, mountpoint)
+        cached = (mountpoint / "auth.md").read_bytes()
+        es.indices.delete(index=f"{d.name}-chunks")
+        with pytest.raises(OSError) as raised:
+            (mountpoint / "quickstart.mdx").read_bytes()
+        assert raised.value.errno == errno.EIO
+        assert (mountpoint / "auth.md").read_bytes() == cached
+        assert sorted(os.listdir(mountpoint)) == ["auth.md", "quickstart.mdx"]
+        log = record_path(mountpoint, ".log").read_text()
+        assert "ERROR esfuse.fs: read /quickstart.mdx: content chunk" in log
     finally:
         unmount(mountpoint)
         d.drop()
