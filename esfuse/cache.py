@@ -9,7 +9,7 @@ injected, so this module knows nothing of Elasticsearch or FUSE.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import cachetools
@@ -20,6 +20,8 @@ from esfuse.errors import StoreError
 log = logging.getLogger(__name__)
 
 Key = tuple[str, int]
+PREFETCH_BATCH_BYTES = 4 << 20
+PREFETCH_BATCH_KEYS = 256
 Loader = Callable[[Sequence[Key]], Awaitable[dict[Key, bytes]]]
 
 
@@ -41,13 +43,16 @@ class ChunkCache:
         self.misses = 0
 
     @property
+    def max_bytes(self) -> int:
+        return int(self._lru.maxsize)
+
+    @property
     def current_bytes(self) -> int:
         return int(self._lru.currsize)
 
     async def get_many(self, keys: Sequence[Key]) -> list[bytes]:
         """The chunks for `keys`, in order; missing ones come from one loader call."""
         found: dict[Key, bytes] = {}
-        mine: dict[Key, _Pending] = {}
         theirs: dict[Key, _Pending] = {}
         for key in keys:
             value = self._lru.get(key)
@@ -55,10 +60,8 @@ class ChunkCache:
                 found[key] = value
             elif key in self._pending:
                 theirs[key] = self._pending[key]
-            elif key not in mine:
-                mine[key] = self._pending[key] = _Pending()
         self.hits += len(found)
-        self.misses += len(mine)
+        mine = self._claim(k for k in keys if k not in found and k not in theirs)
         if mine:
             await self._load(mine)
         for key, pending in {**mine, **theirs}.items():
@@ -69,21 +72,51 @@ class ChunkCache:
             found[key] = pending.value
         return [found[key] for key in keys]
 
+    async def prefetch(self, batches: Iterable[Sequence[Key]]) -> None:
+        """Load what is neither cached nor on its way, a batch per loader call.
+
+        Readers that want a key meanwhile wait for its batch instead of asking
+        again; a failure reaches them, and is only logged here.
+        """
+        claimed = [self._claim(k for k in batch if k not in self._lru) for batch in batches]
+        for n, mine in enumerate(claimed):
+            if not mine:
+                continue
+            try:
+                await self._load(mine)
+            except Exception as e:
+                log.warning("read-ahead of %d chunks failed: %s", len(mine), e)
+                for rest in claimed[n + 1 :]:
+                    self._release(rest, e)
+                return
+
+    def _claim(self, keys: Iterable[Key]) -> dict[Key, _Pending]:
+        mine: dict[Key, _Pending] = {}
+        for key in keys:
+            if key not in self._pending:
+                mine[key] = self._pending[key] = _Pending()
+        self.misses += len(mine)
+        return mine
+
+    def _release(self, mine: dict[Key, _Pending], error: BaseException) -> None:
+        for key, pending in mine.items():
+            pending.error = error
+            del self._pending[key]
+            pending.done.set()
+
     async def _load(self, mine: dict[Key, _Pending]) -> None:
         try:
             loaded = await self._loader(list(mine))
-            for key, pending in mine.items():
-                pending.value = loaded[key]
-                self._remember(key, loaded[key])
+            values = [loaded[key] for key in mine]
         except BaseException as e:
             # Waiters must wake up even if we were cancelled; they re-raise our error.
-            for pending in mine.values():
-                pending.error = e
+            self._release(mine, e)
             raise
-        finally:
-            for key, pending in mine.items():
-                del self._pending[key]
-                pending.done.set()
+        for (key, pending), value in zip(mine.items(), values, strict=True):
+            pending.value = value
+            self._remember(key, value)
+            del self._pending[key]
+            pending.done.set()
 
     def _remember(self, key: Key, value: bytes) -> None:
         try:
@@ -115,3 +148,24 @@ class ContentCache:
         data = b"".join(chunks)
         start = offset - first * self.chunk_size
         return data[start : start + end - offset]
+
+    async def prefetch(self, files: Iterable[tuple[str, int]]) -> None:
+        """Load whole files (digest, size) ahead of their reads, in few requests.
+
+        At most half the cache is spent on one read-ahead, so it cannot evict
+        itself before it is read; batches stay near PREFETCH_BATCH_BYTES.
+        """
+        budget = self.chunks.max_bytes // 2
+        batches: list[list[Key]] = [[]]
+        batch_bytes = 0
+        for digest, size in files:
+            if size > budget:
+                break
+            budget -= size
+            for n in range(-(-size // self.chunk_size)):
+                if batch_bytes >= PREFETCH_BATCH_BYTES or len(batches[-1]) >= PREFETCH_BATCH_KEYS:
+                    batches.append([])
+                    batch_bytes = 0
+                batches[-1].append((digest, n))
+                batch_bytes += min(self.chunk_size, size - n * self.chunk_size)
+        await self.chunks.prefetch(batches)

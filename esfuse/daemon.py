@@ -197,19 +197,19 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
             time.monotonic() - started,
         )
         content = ContentCache(store.fetch_chunks, pointer.chunk_size, options.cache_bytes)
-        _fuse_init(Operations(tree, content), options)
-        try:
-            write_record(options.mountpoint, options.index, options.es_url)
-            async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:
+            _fuse_init(Operations(tree, content, nursery), options)
+            try:
+                write_record(options.mountpoint, options.index, options.es_url)
                 nursery.start_soon(_terminate_on_signals)
                 ready()
                 await pyfuse3.main()
+            finally:
                 nursery.cancel_scope.cancel()
-        finally:
-            with contextlib.suppress(OSError):
-                record_path(options.mountpoint).unlink()
-            pyfuse3.close(unmount=mounted_fstype(options.mountpoint) is not None)
-            log.info("unmounted %s", options.mountpoint)
+                with contextlib.suppress(OSError):
+                    record_path(options.mountpoint).unlink()
+                pyfuse3.close(unmount=mounted_fstype(options.mountpoint) is not None)
+                log.info("unmounted %s", options.mountpoint)
     finally:
         await client.close()
 

@@ -18,7 +18,7 @@ import pytest
 from tests.fixture import make_fixture
 
 REPO = Path(__file__).resolve().parent.parent
-CORPORA = REPO.parent / "shared" / "corpora"
+CORPORA = Path(os.environ.get("ESFUSE_CORPORA", REPO.parent / "shared" / "corpora"))
 ESFUSE = [sys.executable, "-m", "esfuse"]
 
 

@@ -125,3 +125,59 @@ def test_chunk_cache_returns_in_request_order():
     cache = ChunkCache(loader, 100)
     assert trio.run(cache.get_many, [("b", 0), ("a", 0), ("b", 0)]) == [b"B", b"A", b"B"]
     assert loader.calls == [[("b", 0), ("a", 0)]]
+
+
+def many_files(count: int, size: int) -> dict:
+    return {(f"f{i}", 0): bytes([i % 256]) * size for i in range(count)}
+
+
+def test_prefetch_batches_files_and_readers_join_it(monkeypatch):
+    import esfuse.cache
+
+    monkeypatch.setattr(esfuse.cache, "PREFETCH_BATCH_KEYS", 4)
+    chunks = many_files(10, 100)
+    loader = Loader(chunks, delay=0.02)
+    cache = ContentCache(loader, CHUNK, 1 << 20)
+    got = []
+
+    async def main():
+        async with trio.open_nursery() as n:
+            n.start_soon(cache.prefetch, [(f"f{i}", 100) for i in range(10)])
+            await trio.sleep(0)
+            got.append(await cache.read("f9", 100, 0, 100))
+
+    trio.run(main)
+    assert got == [chunks[("f9", 0)]]
+    assert [len(c) for c in loader.calls] == [4, 4, 2]  # the reader asked for nothing itself
+    assert trio.run(cache.read, "f3", 100, 0, 100) == chunks[("f3", 0)]
+    assert len(loader.calls) == 3
+
+
+def test_prefetch_spends_at_most_half_the_cache_and_skips_cached():
+    chunks = many_files(10, 100)
+    loader = Loader(chunks)
+    cache = ContentCache(loader, CHUNK, 1000)
+    trio.run(cache.read, "f0", 100, 0, 100)
+    trio.run(cache.prefetch, [(f"f{i}", 100) for i in range(10)])
+    assert loader.calls[1] == [("f1", 0), ("f2", 0), ("f3", 0), ("f4", 0)]
+
+
+def test_a_failed_prefetch_reaches_its_readers_but_not_the_prefetcher():
+    loader = Loader(many_files(3, 10), delay=0.02, fail=True)
+    cache = ContentCache(loader, CHUNK, 1 << 20)
+    errors = []
+
+    async def read():
+        try:
+            await cache.read("f1", 10, 0, 10)
+        except StoreError as e:
+            errors.append(e)
+
+    async def main():
+        async with trio.open_nursery() as n:
+            n.start_soon(cache.prefetch, [(f"f{i}", 10) for i in range(3)])
+            await trio.sleep(0)
+            n.start_soon(read)
+
+    trio.run(main)
+    assert len(errors) == 1 and len(loader.calls) == 1

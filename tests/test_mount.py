@@ -298,21 +298,25 @@ def test_ls_a_shows_dot_entries_once(mounted):
     assert names[:2] == [".", ".."] and len(names) == len(set(names)) == 5002
 
 
-def test_a_backend_failure_is_eio_and_the_mount_keeps_serving(es_url, es, fixture_src, tmp_path):
-    d = Docs(es_url, es, fixture_src / "guide", prefix="eio")
+def test_a_backend_failure_is_eio_and_the_mount_keeps_serving(es_url, es, tmp_path):
+    src = tmp_path / "src"
+    for rel in ("x/one.md", "y/two.md"):
+        (src / rel).parent.mkdir(parents=True)
+        (src / rel).write_text(f"{rel}\n")
+    d = Docs(es_url, es, src, prefix="eio")
     mountpoint = tmp_path / "m"
     try:
         assert d.ingest().returncode == 0
         mount_or_fail(d, mountpoint)
-        cached = (mountpoint / "auth.md").read_bytes()
+        assert (mountpoint / "x" / "one.md").read_text() == "x/one.md\n"
         es.indices.delete(index=f"{d.name}-chunks")
         with pytest.raises(OSError) as raised:
-            (mountpoint / "quickstart.mdx").read_bytes()
+            (mountpoint / "y" / "two.md").read_bytes()
         assert raised.value.errno == errno.EIO
-        assert (mountpoint / "auth.md").read_bytes() == cached
-        assert sorted(os.listdir(mountpoint)) == ["auth.md", "quickstart.mdx"]
+        assert (mountpoint / "x" / "one.md").read_text() == "x/one.md\n"
+        assert sorted(os.listdir(mountpoint)) == ["x", "y"]
         log = record_path(mountpoint, ".log").read_text()
-        assert "ERROR esfuse.fs: read /quickstart.mdx: content chunk" in log
+        assert "ERROR esfuse.fs: read /y/two.md: content chunk" in log
     finally:
         unmount(mountpoint)
         d.drop()
