@@ -14,7 +14,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import time
@@ -29,7 +28,11 @@ import trio
 from esfuse.cache import ContentCache
 from esfuse.errors import EsfuseError
 from esfuse.fs import Operations
+from esfuse.grep.service import GrepService, Sessions
+from esfuse.mountinfo import fstype_at
+from esfuse.server import ControlServer, bind
 from esfuse.store import Store, connect
+from esfuse.tree import Tree
 
 log = logging.getLogger(__name__)
 
@@ -85,25 +88,12 @@ def read_record(mountpoint: Path) -> dict[str, Any] | None:
     )
 
 
-def mounted_fstype(mountpoint: Path) -> str | None:
-    """The file system type mounted at `mountpoint`, from mountinfo (a stat could hang)."""
-    wanted = os.fsencode(mountpoint)
-    found = None
-    with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            fields = line.split()
-            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), fields[4])
-            if point == wanted:
-                found = fields[fields.index(b"-") + 1].decode()  # the last mount wins
-    return found
-
-
 # -- mounting ----------------------------------------------------------------------
 
 
 def check_mountpoint(path: Path) -> Path:
     mountpoint = Path(os.path.abspath(path))
-    if mounted_fstype(mountpoint):
+    if fstype_at(mountpoint):
         raise EsfuseError(f"{mountpoint} is already a mount point")
     if not mountpoint.exists():
         raise EsfuseError(f"mountpoint {mountpoint} does not exist")
@@ -197,21 +187,42 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
             time.monotonic() - started,
         )
         content = ContentCache(store.fetch_chunks, pointer.chunk_size, options.cache_bytes)
+        socket_path = record_path(options.mountpoint, ".sock")
         async with trio.open_nursery() as nursery:
-            _fuse_init(Operations(tree, content, nursery), options)
+            sessions = Sessions()
+            grep = GrepService(tree, store, content, sessions, nursery)
+            control = ControlServer(
+                {
+                    "grep": lambda r, peer: grep.grep(r, peer.pid),
+                    "status": lambda r, peer: status(store, tree, content),
+                }
+            )
+            listener = await bind(socket_path)
+            _fuse_init(Operations(tree, content, nursery, sessions, str(socket_path)), options)
             try:
                 write_record(options.mountpoint, options.index, options.es_url)
+                nursery.start_soon(control.serve, listener)
                 nursery.start_soon(_terminate_on_signals)
                 ready()
                 await pyfuse3.main()
             finally:
                 nursery.cancel_scope.cancel()
-                with contextlib.suppress(OSError):
-                    record_path(options.mountpoint).unlink()
-                pyfuse3.close(unmount=mounted_fstype(options.mountpoint) is not None)
+                for path in (record_path(options.mountpoint), socket_path):
+                    path.unlink(missing_ok=True)
+                pyfuse3.close(unmount=fstype_at(options.mountpoint) is not None)
                 log.info("unmounted %s", options.mountpoint)
     finally:
         await client.close()
+
+
+async def status(store: Store, tree: Tree, content: ContentCache) -> dict[str, Any]:
+    return {
+        "files": tree.file_count,
+        "requests": dict(store.requests),
+        "cache_bytes": content.chunks.current_bytes,
+        "cache_hits": content.chunks.hits,
+        "cache_misses": content.chunks.misses,
+    }
 
 
 def _fuse_init(ops: Operations, options: MountOptions) -> None:
@@ -253,7 +264,7 @@ def umount(path: Path, *, timeout: float = 15.0) -> None:
     """Unmount and wait until the daemon serving `path` has exited."""
     mountpoint = Path(os.path.abspath(path))
     record = read_record(mountpoint)
-    fstype = mounted_fstype(mountpoint)
+    fstype = fstype_at(mountpoint)
     pid = record.get("pid") if record else None
     if isinstance(pid, int) and _alive(pid):
         os.kill(pid, signal.SIGTERM)

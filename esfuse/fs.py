@@ -20,7 +20,9 @@ import trio
 
 from esfuse.cache import ContentCache
 from esfuse.errors import StoreError
-from esfuse.tree import Tree
+from esfuse.grep.service import Sessions
+from esfuse.protocol import XATTR
+from esfuse.tree import ROOT, Tree
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,7 @@ R = TypeVar("R")
 TIMEOUT = 300.0
 BLOCK = 4096
 READ_AHEAD_WINDOW = 32
+SOCKET_XATTR = XATTR.encode()
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
@@ -69,14 +72,26 @@ def _subject(args: tuple[Any, ...]) -> str:
 class Operations(pyfuse3.Operations):
     """A read-only view of one tree."""
 
-    def __init__(self, tree: Tree, content: ContentCache, nursery: trio.Nursery) -> None:
+    def __init__(
+        self,
+        tree: Tree,
+        content: ContentCache,
+        nursery: trio.Nursery,
+        sessions: Sessions,
+        socket_path: str,
+    ) -> None:
         super().__init__()
         self.tree = tree
         self.content = content
         self.nursery = nursery
+        self.sessions = sessions
+        self.socket_path = socket_path.encode("utf-8", "surrogateescape")
         self.uid = os.getuid()
         self.gid = os.getgid()
         self._opens_in_dir: dict[int, int] = {}
+        # Directory handles above the inode range: listings narrowed for an esgrep session.
+        self._narrowed: dict[int, tuple[int, list[tuple[bytes, int]]]] = {}
+        self._next_handle = 1 << 48
 
     def attributes(self, inode: int) -> pyfuse3.EntryAttributes:
         node = self.tree.node(inode)
@@ -117,23 +132,29 @@ class Operations(pyfuse3.Operations):
     async def opendir(self, inode: int, ctx: Any) -> Any:
         if not self.tree.is_dir(inode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        return pyfuse3.FileHandleT(inode)
+        visible = self.sessions.visible(ctx.pid)
+        if visible is None:
+            return pyfuse3.FileHandleT(inode)
+        self._next_handle += 1
+        listing = [entry for entry in self.tree.listing(inode) if entry[1] in visible]
+        self._narrowed[self._next_handle] = (inode, listing)
+        return pyfuse3.FileHandleT(self._next_handle)
 
     @boundary
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        inode, listing = self._narrowed.get(fh) or (fh, self.tree.listing(fh))
         # `.` and `..` first (ids 1 and 2), as on a disk file system; `ls -a` shows them.
-        listing = self.tree.listing(fh)
         for next_id in range(start_id + 1, len(listing) + 3):
             if next_id <= 2:
-                name, inode = (b".", fh) if next_id == 1 else (b"..", self.tree.parent(fh))
+                name, entry = (b".", inode) if next_id == 1 else (b"..", self.tree.parent(inode))
             else:
-                name, inode = listing[next_id - 3]
-            if not pyfuse3.readdir_reply(token, name, self.attributes(inode), next_id):
+                name, entry = listing[next_id - 3]
+            if not pyfuse3.readdir_reply(token, name, self.attributes(entry), next_id):
                 break
 
     @boundary
     async def releasedir(self, fh: int) -> None:
-        return None
+        self._narrowed.pop(fh, None)
 
     @boundary
     async def open(self, inode: int, flags: int, ctx: Any) -> Any:
@@ -141,7 +162,9 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         if self.tree.is_dir(inode):
             raise pyfuse3.FUSEError(errno.EISDIR)
-        self._read_ahead(inode)
+        if self.sessions.visible(ctx.pid) is None:
+            # In an esgrep session the daemon has already fetched what grep will read.
+            self._read_ahead(inode)
         return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(inode), keep_cache=True)
 
     def _read_ahead(self, inode: int) -> None:
@@ -194,12 +217,15 @@ class Operations(pyfuse3.Operations):
     @boundary
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
         self.tree.node(inode)
+        if inode == ROOT and name == SOCKET_XATTR:
+            return self.socket_path
         raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
 
     @boundary
     async def listxattr(self, inode: int, ctx: Any) -> Any:
         self.tree.node(inode)
-        return []
+        # The root tells esgrep where this mount's daemon listens.
+        return [SOCKET_XATTR] if inode == ROOT else []
 
     async def forget(self, inode_list: Any) -> None:
         # Inodes are positions in an immutable tree: there is nothing to free.

@@ -24,6 +24,7 @@ import hashlib
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ TREE_PART_SIZE = 4 << 20
 # The whole text of a file goes into one indexed field; past this size it is not
 # indexed (and the grep planner must treat the file as a candidate for everything).
 TEXT_LIMIT = 16 << 20
+SEARCH_PAGE = 10_000
 POINTER_ID = "current"
 LOCK_ID = "ingest-lock"
 
@@ -153,6 +155,8 @@ class Store:
         self.client = client
         self.name = name
         self.url = url
+        # Reads made for a mount, by kind: what `status` reports and tests count.
+        self.requests: Counter[str] = Counter()
 
     def index(self, kind: str) -> str:
         return f"{self.name}-{kind}"
@@ -197,6 +201,7 @@ class Store:
 
     async def fetch_chunks(self, keys: Sequence[ChunkKey]) -> dict[ChunkKey, bytes]:
         """Content chunks by key, in one request."""
+        self.requests["mget"] += 1
         with self._backend("reading content"):
             resp = await self.client.mget(
                 index=self.index("chunks"), ids=[chunk_id(k) for k in keys]
@@ -232,6 +237,38 @@ class Store:
         finally:
             with self._backend(f"listing {index}"):
                 await self.client.close_point_in_time(id=pit)
+
+    async def search_files(self, query: dict[str, Any], scopes: list[str]) -> set[tuple[str, str]]:
+        """(path, digest) of every file document under `scopes` that matches `query`.
+
+        A scope is a path relative to the root ("" for all of it); a directory
+        scope is a prefix filter, so the request stays small whatever it covers.
+        """
+        where = [{"term": {"path": s}} for s in scopes if s] + [
+            {"prefix": {"path": s + "/"}} for s in scopes if s
+        ]
+        scope = {"bool": {"should": where, "minimum_should_match": 1}} if all(scopes) else None
+        body = {"bool": {"filter": [query] + ([scope] if scope else [])}}
+        found: set[tuple[str, str]] = set()
+        after: list[Any] | None = None
+        while True:
+            self.requests["search"] += 1
+            with self._backend("searching"):
+                resp = await self.client.search(
+                    index=self.index("files"),
+                    query=body,
+                    size=SEARCH_PAGE,
+                    sort=["_doc"],
+                    source=False,
+                    docvalue_fields=["path", "digest"],
+                    search_after=after,
+                    track_total_hits=False,
+                )
+            hits = resp["hits"]["hits"]
+            found.update((h["fields"]["path"][0], h["fields"]["digest"][0]) for h in hits)
+            if len(hits) < SEARCH_PAGE:
+                return found
+            after = hits[-1]["sort"]
 
     # -- writing ---------------------------------------------------------------
 

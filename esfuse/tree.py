@@ -195,10 +195,21 @@ class Tree:
 
     def files(self) -> Iterator[FileRecord]:
         """Every file, depth first in name order."""
-        for inode, path in self._walk(ROOT, ""):
-            if inode not in self._children:
-                i = inode - 1
-                yield FileRecord(path, self._sizes[i], self._mtimes[i], self._digests[i] or "")
+        return (record for _, record in self.files_under(ROOT))
+
+    def files_under(self, inode: int) -> Iterator[tuple[int, FileRecord]]:
+        """(inode, record) of every file at or below `inode`, depth first in name order."""
+        if inode not in self._children:
+            yield inode, self._record(inode, self.path(inode))
+            return
+        base = self.path(inode)
+        for child, path in self._walk(inode, base + "/" if base else ""):
+            if child not in self._children:
+                yield child, self._record(child, path)
+
+    def _record(self, inode: int, path: str) -> FileRecord:
+        i = self._check(inode)
+        return FileRecord(path, self._sizes[i], self._mtimes[i], self._digests[i] or "")
 
     def dirs(self) -> Iterator[DirRecord]:
         yield DirRecord("", self._mtimes[0])

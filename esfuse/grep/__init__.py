@@ -1,0 +1,1 @@
+"""esgrep: GNU grep over an esfuse mount, with Elasticsearch choosing the files to read."""

@@ -1,0 +1,168 @@
+"""The daemon's side of esgrep: plan, search, prefetch, and narrow what grep sees.
+
+For a grep call the daemon (1) plans a coarse query from the patterns, (2) asks
+Elasticsearch which files under the requested scopes can match, (3) loads those
+files into the content cache in a few bulk requests, and (4) registers a
+*session* for the caller's process: while it lives, directories it opens list
+only candidate files (and the directories leading to them). esgrep then runs
+the real grep with the caller's arguments in that same process, so the output
+is grep's own, and grep merely skips files that cannot match.
+
+When files without a match may print something (-v, -L, -c) or the plan is
+ALL, there is no session: grep sees everything, prefetched as far as the cache
+allows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import trio
+
+from esfuse.cache import ContentCache
+from esfuse.errors import TreeError
+from esfuse.grep import plan
+from esfuse.protocol import ProtocolError
+from esfuse.store import TEXT_LIMIT, Store
+from esfuse.tree import ROOT, FileRecord, Tree, split_path
+
+log = logging.getLogger(__name__)
+
+MAX_PATTERNS = 10_000
+MAX_SCOPES = 1_000
+MAX_SESSIONS = 256
+
+
+class Sessions:
+    """Process id → the inodes its directory listings may show."""
+
+    def __init__(self) -> None:
+        self._visible: dict[int, frozenset[int]] = {}
+
+    def visible(self, pid: int) -> frozenset[int] | None:
+        return self._visible.get(pid)
+
+    def add(self, pid: int, inodes: frozenset[int]) -> None:
+        if len(self._visible) >= MAX_SESSIONS and pid not in self._visible:
+            # The oldest session gives way: its grep then sees every file (still correct).
+            self._visible.pop(next(iter(self._visible)))
+        self._visible[pid] = inodes
+
+    def remove(self, pid: int, inodes: frozenset[int]) -> None:
+        if self._visible.get(pid) is inodes:
+            del self._visible[pid]
+
+    def __len__(self) -> int:
+        return len(self._visible)
+
+
+def _strings(value: object, what: str, limit: int) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ProtocolError(f"{what} must be a list of strings")
+    if len(value) > limit:
+        raise ProtocolError(f"too many {what} ({len(value)} > {limit})")
+    return value
+
+
+def scope_inodes(tree: Tree, scopes: list[str]) -> list[int]:
+    """Inodes of the scopes that exist; a scope may not leave the mount."""
+    inodes = []
+    for scope in scopes:
+        relative = scope.strip("/")
+        try:
+            split_path(relative)
+        except TreeError:
+            raise ProtocolError(f"scope {scope!r} is outside the mount") from None
+        inode = tree.resolve(relative)
+        if inode is not None:
+            inodes.append(inode)
+    return inodes
+
+
+def files_in(tree: Tree, inodes: list[int]) -> Iterator[tuple[int, FileRecord]]:
+    """Files under the scopes, each once, in traversal order."""
+    seen: set[int] = set()
+    for top in inodes:
+        for inode, record in tree.files_under(top):
+            if inode not in seen:
+                seen.add(inode)
+                yield inode, record
+
+
+def with_ancestors(tree: Tree, inodes: list[int]) -> frozenset[int]:
+    visible = set(inodes)
+    for inode in inodes:
+        while inode != ROOT:
+            inode = tree.parent(inode)
+            if inode in visible:
+                break
+            visible.add(inode)
+    return frozenset(visible)
+
+
+class GrepService:
+    def __init__(
+        self,
+        tree: Tree,
+        store: Store,
+        content: ContentCache,
+        sessions: Sessions,
+        nursery: trio.Nursery,
+    ) -> None:
+        self.tree = tree
+        self.store = store
+        self.content = content
+        self.sessions = sessions
+        self.nursery = nursery
+
+    async def grep(self, request: dict[str, Any], pid: int) -> dict[str, Any]:
+        patterns = _strings(request.get("patterns"), "patterns", MAX_PATTERNS)
+        scopes = _strings(request.get("scopes"), "scopes", MAX_SCOPES)
+        dialect = request.get("dialect")
+        if dialect not in ("G", "E", "F", "P"):
+            raise ProtocolError(f"unknown dialect {dialect!r}")
+        every_file = request.get("every_file") is True
+        query = (
+            plan.ALL
+            if every_file
+            else plan.plan(
+                patterns, dialect=dialect, ignore_case=request.get("ignore_case") is True
+            )
+        )
+        tops = scope_inodes(self.tree, scopes)
+        in_scope = list(files_in(self.tree, tops))
+        if isinstance(query, plan.All):
+            candidates = in_scope
+        else:
+            paths = [self.tree.path(inode) for inode in tops]
+            hits = await self.store.search_files(plan.to_elasticsearch(query), paths)
+            candidates = [
+                (i, f) for i, f in in_scope if (f.path, f.digest) in hits or f.size > TEXT_LIMIT
+            ]
+            self._narrow(pid, with_ancestors(self.tree, [i for i, _ in candidates]))
+        await self.content.prefetch([(f.digest, f.size) for _, f in candidates])
+        log.debug("grep %r in %s: %d of %d files", patterns, scopes, len(candidates), len(in_scope))
+        return {
+            "mode": "all" if isinstance(query, plan.All) else "filtered",
+            "candidates": len(candidates),
+            "in_scope": len(in_scope),
+        }
+
+    def _narrow(self, pid: int, visible: frozenset[int]) -> None:
+        """Show `pid` only `visible` until it exits (watched through a pidfd)."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return  # gone already: nothing to narrow
+        self.sessions.add(pid, visible)
+        self.nursery.start_soon(self._expire, pid, pidfd, visible)
+
+    async def _expire(self, pid: int, pidfd: int, visible: frozenset[int]) -> None:
+        try:
+            await trio.lowlevel.wait_readable(pidfd)
+        finally:
+            os.close(pidfd)
+            self.sessions.remove(pid, visible)

@@ -1,0 +1,86 @@
+"""The daemon's control socket protocol: one request, one response, per connection.
+
+A frame is a 4-byte big-endian length followed by that many bytes of a UTF-8
+JSON object. Every message carries ``"v": VERSION``; a request names its
+``"op"``, a response says ``"ok": true`` or gives an ``"error"``. Frames are
+bounded (MAX_FRAME) so a client cannot make the daemon buffer without limit.
+
+This module has no trio or FUSE import: esgrep uses it with a plain blocking
+socket, to start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import time
+from typing import Any
+
+from esfuse.errors import EsfuseError
+
+VERSION = 1
+MAX_FRAME = 1 << 20
+XATTR = "user.esfuse.socket"
+_HEADER = struct.Struct(">I")
+
+
+class ProtocolError(EsfuseError):
+    """A malformed, truncated or oversized message."""
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    body = json.dumps({"v": VERSION, **message}, separators=(",", ":")).encode()
+    if len(body) > MAX_FRAME:
+        raise ProtocolError(f"message of {len(body)} bytes exceeds {MAX_FRAME}")
+    return _HEADER.pack(len(body)) + body
+
+
+def frame_length(header: bytes) -> int:
+    if len(header) != _HEADER.size:
+        raise ProtocolError("truncated frame header")
+    (length,) = _HEADER.unpack(header)
+    if length > MAX_FRAME:
+        raise ProtocolError(f"frame of {length} bytes exceeds {MAX_FRAME}")
+    return length
+
+
+def decode(body: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(body)
+    except ValueError as e:
+        raise ProtocolError(f"not JSON: {e}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("a message must be a JSON object")
+    if message.get("v") != VERSION:
+        raise ProtocolError(f"protocol version {message.get('v')!r}; this esfuse speaks {VERSION}")
+    return message
+
+
+def _receive_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = sock.recv(size - len(chunks))
+        if not chunk:
+            raise ProtocolError("connection closed mid-message")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def call(path: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Send one request and return the response (OSError/TimeoutError when unreachable)."""
+    deadline = time.monotonic() + timeout
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        while True:
+            try:
+                sock.connect(path)
+                break
+            except BlockingIOError:
+                # A unix socket's backlog is full: connect does not wait, so we do.
+                if time.monotonic() > deadline:
+                    raise TimeoutError from None
+                time.sleep(0.005)
+        sock.sendall(encode(request))
+        length = frame_length(_receive_exactly(sock, _HEADER.size))
+        return decode(_receive_exactly(sock, length))
