@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 Key = tuple[str, int]
 PREFETCH_BATCH_BYTES = 4 << 20
 PREFETCH_BATCH_KEYS = 256
+# Batches in flight at once: Elasticsearch answers one while we decode another.
+PREFETCH_PARALLEL = 3
 Loader = Callable[[Sequence[Key]], Awaitable[dict[Key, bytes]]]
 
 
@@ -72,23 +74,32 @@ class ChunkCache:
             found[key] = pending.value
         return [found[key] for key in keys]
 
-    async def prefetch(self, batches: Iterable[Sequence[Key]]) -> None:
-        """Load what is neither cached nor on its way, a batch per loader call.
+    def reserve(self, batches: Iterable[Sequence[Key]]) -> list[dict[Key, _Pending]]:
+        """Mark what is neither cached nor on its way as coming, batch by batch.
 
-        Readers that want a key meanwhile wait for its batch instead of asking
-        again; a failure reaches them, and is only logged here.
+        Synchronous, so that a read that follows cannot slip in and fetch the
+        same chunk again; `fill` then loads the reserved batches.
         """
-        claimed = [self._claim(k for k in batch if k not in self._lru) for batch in batches]
-        for n, mine in enumerate(claimed):
-            if not mine:
-                continue
-            try:
-                await self._load(mine)
-            except Exception as e:
-                log.warning("read-ahead of %d chunks failed: %s", len(mine), e)
-                for rest in claimed[n + 1 :]:
-                    self._release(rest, e)
-                return
+        return [
+            mine
+            for batch in batches
+            if (mine := self._claim(k for k in batch if k not in self._lru))
+        ]
+
+    async def fill(self, reserved: list[dict[Key, _Pending]]) -> None:
+        """Load reserved batches, a few at a time; a failed batch fails its readers only."""
+        limiter = trio.CapacityLimiter(PREFETCH_PARALLEL)
+
+        async def one(mine: dict[Key, _Pending]) -> None:
+            async with limiter:
+                try:
+                    await self._load(mine)
+                except Exception as e:
+                    log.warning("read-ahead of %d chunks failed: %s", len(mine), e)
+
+        async with trio.open_nursery() as nursery:
+            for mine in reserved:
+                nursery.start_soon(one, mine)
 
     def _claim(self, keys: Iterable[Key]) -> dict[Key, _Pending]:
         mine: dict[Key, _Pending] = {}
@@ -149,11 +160,13 @@ class ContentCache:
         start = offset - first * self.chunk_size
         return data[start : start + end - offset]
 
-    async def prefetch(self, files: Iterable[tuple[str, int]]) -> None:
-        """Load whole files (digest, size) ahead of their reads, in few requests.
+    def prefetch(self, nursery: trio.Nursery, files: Iterable[tuple[str, int]]) -> None:
+        """Start loading whole files (digest, size) ahead of their reads, in few requests.
 
-        At most half the cache is spent on one read-ahead, so it cannot evict
-        itself before it is read; batches stay near PREFETCH_BATCH_BYTES.
+        The chunks are reserved before this returns, so reads issued afterwards
+        wait for these requests instead of making their own. At most half the
+        cache is spent on one read-ahead, so it cannot evict itself before it is
+        read; batches stay near PREFETCH_BATCH_BYTES.
         """
         budget = self.chunks.max_bytes // 2
         batches: list[list[Key]] = [[]]
@@ -168,4 +181,6 @@ class ContentCache:
                     batch_bytes = 0
                 batches[-1].append((digest, n))
                 batch_bytes += min(self.chunk_size, size - n * self.chunk_size)
-        await self.chunks.prefetch(batches)
+        reserved = self.chunks.reserve(batches)
+        if reserved:
+            nursery.start_soon(self.chunks.fill, reserved)

@@ -185,7 +185,7 @@ class Operations(pyfuse3.Operations):
         stop = start + READ_AHEAD_WINDOW if seen == 0 else len(listing)
         files = [self.tree.node(child) for _, child in listing[start:stop]]
         wanted = [(f.digest, f.size) for f in files if f.digest is not None]
-        self.nursery.start_soon(self.content.prefetch, wanted)
+        self.content.prefetch(self.nursery, wanted)
 
     @boundary
     async def read(self, fh: int, off: int, size: int) -> bytes:

@@ -1,20 +1,21 @@
 """Which file systems are mounted where, read from /proc/self/mountinfo.
 
 Reading the table never touches the mounts themselves, so a dead FUSE mount
-("Transport endpoint is not connected") cannot make it hang or fail.
+("Transport endpoint is not connected") cannot make it hang or fail. Plain
+strings and `os.path` only: esgrep imports this on every call, and pathlib
+alone would cost it more than the rest of its start-up.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 FSTYPE = "fuse.esfuse"
 _ESCAPE = re.compile(rb"\\([0-7]{3})")
 
 
-def mounts() -> list[tuple[Path, str]]:
+def mounts() -> list[tuple[str, str]]:
     """(mountpoint, fstype) of every mount, in mount order."""
     found = []
     with open("/proc/self/mountinfo", "rb") as f:
@@ -22,22 +23,23 @@ def mounts() -> list[tuple[Path, str]]:
             fields = line.split()
             point = _ESCAPE.sub(lambda m: bytes([int(m[1], 8)]), fields[4])
             fstype = fields[fields.index(b"-") + 1].decode()
-            found.append((Path(os.fsdecode(point)), fstype))
+            found.append((os.fsdecode(point), fstype))
     return found
 
 
-def fstype_at(mountpoint: Path) -> str | None:
+def fstype_at(mountpoint: os.PathLike[str] | str) -> str | None:
     """The type of the file system mounted at `mountpoint` (the last one wins), or None."""
-    types = [fstype for point, fstype in mounts() if point == mountpoint]
+    wanted = os.fspath(mountpoint)
+    types = [fstype for point, fstype in mounts() if point == wanted]
     return types[-1] if types else None
 
 
-def esfuse_mount_of(path: Path) -> Path | None:
+def esfuse_mount_of(path: str) -> str | None:
     """The esfuse mountpoint that holds `path` (absolute, resolved), or None."""
-    holder: tuple[Path, str] | None = None
+    holder: tuple[str, str] | None = None
     for point, fstype in mounts():
-        inside = path == point or point in path.parents
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
         # Deeper mounts shadow shallower ones; a later mount shadows an earlier one.
-        if inside and (holder is None or len(point.parts) >= len(holder[0].parts)):
+        if inside and (holder is None or len(point) >= len(holder[0])):
             holder = (point, fstype)
     return holder[0] if holder is not None and holder[1] == FSTYPE else None

@@ -207,6 +207,9 @@ class Tree:
             if child not in self._children:
                 yield child, self._record(child, path)
 
+    def record(self, inode: int) -> FileRecord:
+        return self._record(inode, self.path(inode))
+
     def _record(self, inode: int, path: str) -> FileRecord:
         i = self._check(inode)
         return FileRecord(path, self._sizes[i], self._mtimes[i], self._digests[i] or "")

@@ -11,14 +11,15 @@ outside an esfuse mount, goes straight to grep, so `alias grep=esgrep` is safe.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-from pathlib import Path
-from typing import NoReturn
 
 from esfuse import protocol
 from esfuse.grep import options
 from esfuse.mountinfo import esfuse_mount_of
+
+TYPE_CHECKING = False  # not importing typing keeps esgrep's start-up short
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 TIMEOUT = 60.0
 
@@ -30,8 +31,8 @@ def real_grep() -> str:
         return configured
     me = os.path.realpath(sys.argv[0])
     for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        candidate = shutil.which("grep", path=directory)
-        if candidate and os.path.realpath(candidate) != me:
+        candidate = os.path.join(directory or ".", "grep")
+        if os.access(candidate, os.X_OK) and os.path.realpath(candidate) != me:
             return candidate
     return "/usr/bin/grep"
 
@@ -49,22 +50,22 @@ def fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
-def locate(operands: list[str]) -> tuple[Path, list[str]] | None:
+def locate(operands: list[str]) -> tuple[str, list[str]] | None:
     """The one esfuse mount holding every operand, and the operands relative to it."""
-    mount: Path | None = None
+    mount: str | None = None
     scopes = []
     for operand in operands:
-        path = Path(os.path.realpath(operand))
+        path = os.path.realpath(operand)
         holder = esfuse_mount_of(path)
         if holder is None or mount not in (None, holder):
             return None
         mount = holder
-        relative = path.relative_to(holder).as_posix()
+        relative = os.path.relpath(path, holder)
         scopes.append("" if relative == "." else relative)
     return (mount, scopes) if mount is not None else None
 
 
-def prepare(mount: Path, scopes: list[str], call: options.GrepCall) -> None:
+def prepare(mount: str, scopes: list[str], call: options.GrepCall) -> None:
     """Ask the mount's daemon to plan, prefetch and narrow; exits 2 with a reason if it cannot."""
     try:
         socket_path = os.getxattr(mount, protocol.XATTR).decode("utf-8", "surrogateescape")

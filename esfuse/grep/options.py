@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 SHORT_WITH_ARG = set("ABCDXdefm")
 SHORT_FLAGS = set("0123456789EFGHILPRTUVZabchilnoqrsuvwxyz")
@@ -78,23 +77,32 @@ LONG: dict[str, tuple[str, str]] = {
 }
 
 
-@dataclass(frozen=True)
+# Plain classes, not dataclasses: importing `dataclasses` would double esgrep's start-up.
+
+
 class Passthrough:
     """Run grep as it is: esgrep cannot plan this call (the reason says why)."""
 
-    reason: str
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"Passthrough({self.reason!r})"
 
 
-@dataclass
 class GrepCall:
     """What the planner and the daemon need to know about one grep call."""
 
-    patterns: list[bytes] = field(default_factory=list)
-    dialect: str = "G"
-    ignore_case: bool = False
-    every_file: bool = False  # -v, -L, -c: files without a match can print too
-    recursive: bool = False
-    operands: list[str] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.patterns: list[bytes] = []
+        self.dialect = "G"
+        self.ignore_case = False
+        self.every_file = False  # -v, -L, -c: files without a match can print too
+        self.recursive = False
+        self.operands: list[str] = []
+
+    def __repr__(self) -> str:
+        return f"GrepCall({self.__dict__!r})"
 
 
 class _Stop(Exception):

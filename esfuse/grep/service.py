@@ -15,6 +15,7 @@ allows.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -92,6 +93,15 @@ def files_in(tree: Tree, inodes: list[int]) -> Iterator[tuple[int, FileRecord]]:
                 yield inode, record
 
 
+def _under(tree: Tree, inode: int, tops: list[int]) -> bool:
+    while True:
+        if inode in tops:
+            return True
+        if inode == ROOT:
+            return False
+        inode = tree.parent(inode)
+
+
 def with_ancestors(tree: Tree, inodes: list[int]) -> frozenset[int]:
     visible = set(inodes)
     for inode in inodes:
@@ -133,23 +143,38 @@ class GrepService:
             )
         )
         tops = scope_inodes(self.tree, scopes)
-        in_scope = list(files_in(self.tree, tops))
         if isinstance(query, plan.All):
-            candidates = in_scope
+            candidates = [f for _, f in files_in(self.tree, tops)]
+            mode = "all"
         else:
             paths = [self.tree.path(inode) for inode in tops]
             hits = await self.store.search_files(plan.to_elasticsearch(query), paths)
-            candidates = [
-                (i, f) for i, f in in_scope if (f.path, f.digest) in hits or f.size > TEXT_LIMIT
+            inodes = self._current(hits) + [
+                i for i in self._unindexed if _under(self.tree, i, tops)
             ]
-            self._narrow(pid, with_ancestors(self.tree, [i for i, _ in candidates]))
-        await self.content.prefetch([(f.digest, f.size) for _, f in candidates])
-        log.debug("grep %r in %s: %d of %d files", patterns, scopes, len(candidates), len(in_scope))
-        return {
-            "mode": "all" if isinstance(query, plan.All) else "filtered",
-            "candidates": len(candidates),
-            "in_scope": len(in_scope),
-        }
+            self._narrow(pid, with_ancestors(self.tree, inodes))
+            candidates = sorted(
+                (self.tree.record(i) for i in inodes), key=lambda f: f.path.split("/")
+            )
+            mode = "filtered"
+        # Grep starts at once; its reads wait for batches still on their way.
+        self.content.prefetch(self.nursery, ((f.digest, f.size) for f in candidates))
+        log.debug("grep %r in %s: %d candidates (%s)", patterns, scopes, len(candidates), mode)
+        return {"mode": mode, "candidates": len(candidates)}
+
+    def _current(self, hits: set[tuple[str, str]]) -> list[int]:
+        """Inodes of the hits that the tree holds with the same content."""
+        inodes = []
+        for path, digest in hits:
+            inode = self.tree.resolve(path)
+            if inode is not None and self.tree.node(inode).digest == digest:
+                inodes.append(inode)
+        return inodes
+
+    @functools.cached_property
+    def _unindexed(self) -> list[int]:
+        """Files too large for the text index: candidates for every pattern."""
+        return [i for i, f in self.tree.files_under(ROOT) if f.size > TEXT_LIMIT]
 
     def _narrow(self, pid: int, visible: frozenset[int]) -> None:
         """Show `pid` only `visible` until it exits (watched through a pidfd)."""
