@@ -30,7 +30,7 @@ from esfuse.errors import EsfuseError
 from esfuse.fs import Operations
 from esfuse.grep.service import GrepService, Sessions
 from esfuse.mountinfo import fstype_at
-from esfuse.server import ControlServer, bind
+from esfuse.server import ControlServer, Peer, bind
 from esfuse.store import Store, connect
 from esfuse.tree import Tree
 
@@ -191,31 +191,46 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
         async with trio.open_nursery() as nursery:
             sessions = Sessions()
             grep = GrepService(tree, store, content, sessions, nursery)
-            control = ControlServer(
-                {
-                    "grep": lambda r, peer: grep.grep(r, peer.pid),
-                    "status": lambda r, peer: status(store, tree, content),
-                }
-            )
+
+            async def grep_op(request: dict[str, Any], peer: Peer) -> dict[str, Any]:
+                return await grep.grep(request, peer.pid)
+
+            async def status_op(request: dict[str, Any], peer: Peer) -> dict[str, Any]:
+                return status(store, tree, content)
+
+            control = ControlServer({"grep": grep_op, "status": status_op})
             listener = await bind(socket_path)
-            _fuse_init(Operations(tree, content, nursery, sessions, str(socket_path)), options)
             try:
-                write_record(options.mountpoint, options.index, options.es_url)
-                nursery.start_soon(control.serve, listener)
-                nursery.start_soon(_terminate_on_signals)
-                ready()
-                await pyfuse3.main()
+                _fuse_init(Operations(tree, content, nursery, sessions, str(socket_path)), options)
+                await _serve_mounted(options, nursery, control, listener, ready)
             finally:
                 nursery.cancel_scope.cancel()
                 for path in (record_path(options.mountpoint), socket_path):
                     path.unlink(missing_ok=True)
-                pyfuse3.close(unmount=fstype_at(options.mountpoint) is not None)
-                log.info("unmounted %s", options.mountpoint)
     finally:
         await client.close()
 
 
-async def status(store: Store, tree: Tree, content: ContentCache) -> dict[str, Any]:
+async def _serve_mounted(
+    options: MountOptions,
+    nursery: trio.Nursery,
+    control: ControlServer,
+    listener: trio.socket.SocketType,
+    ready: Callable[[], None],
+) -> None:
+    """From a successful pyfuse3.init to the end of the mount."""
+    try:
+        write_record(options.mountpoint, options.index, options.es_url)
+        nursery.start_soon(control.serve, listener)
+        nursery.start_soon(_terminate_on_signals)
+        ready()
+        await pyfuse3.main()
+    finally:
+        pyfuse3.close(unmount=fstype_at(options.mountpoint) is not None)
+        log.info("unmounted %s", options.mountpoint)
+
+
+def status(store: Store, tree: Tree, content: ContentCache) -> dict[str, Any]:
     return {
         "files": tree.file_count,
         "requests": dict(store.requests),

@@ -176,6 +176,10 @@ class Tree:
             listing = self._listings[inode] = list(self._children[inode].items())
         return listing
 
+    def larger_than(self, size: int) -> list[int]:
+        """Inodes of the files of more than `size` bytes (directories have size 0)."""
+        return [i + 1 for i, s in enumerate(self._sizes) if s > size]
+
     def resolve(self, path: str) -> int | None:
         """The inode at a relative path, or None."""
         inode: int | None = ROOT

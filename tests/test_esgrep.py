@@ -351,3 +351,23 @@ def test_the_socket_is_owner_only_and_survives_a_flood(mounted):
             s.connect(str(path))
             s.sendall(os.urandom(i % 50))
     assert status(mounted)["files"] > 5000
+
+
+def test_a_daemon_that_does_not_answer_in_time_is_one_line_and_exit_2(mounted):
+    done = run(
+        ESGREP, "-r", "token", mounted, text=True, env={**os.environ, "ESGREP_TIMEOUT": "0.000001"}
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert (
+        done.stderr == f"esgrep: {mounted}: the esfuse daemon did not answer within 1e-06 s "
+        "(ESGREP_TIMEOUT)\n"
+    )
+
+
+def test_patterns_from_a_file(mounted, fixture_src, tmp_path):
+    patterns = tmp_path / "patterns"
+    patterns.write_text("OAuth\n<tip>\nentry 99 of\n")
+    compare(["-rn", "-f", str(patterns)], mounted, fixture_src)
+    compare(["-rc", "-F", "-f", str(patterns), "guide"], mounted, fixture_src)
+    (tmp_path / "none").write_text("")
+    compare(["-r", "-f", str(tmp_path / "none"), "."], mounted, fixture_src)

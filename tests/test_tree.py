@@ -132,3 +132,8 @@ def test_any_consistent_set_of_paths_round_trips(paths):
     assert sorted(f.path for f in decode(encode(tree.dirs(), tree.files())).files()) == sorted(seen)
     for f in files:
         assert tree.path(tree.resolve(f.path)) == f.path
+
+
+def test_larger_than_lists_files_only(tree):
+    assert sorted(tree.path(i) for i in tree.larger_than(4)) == ["a/x.md", "café/naïve résumé.md"]
+    assert tree.larger_than(100) == []

@@ -174,7 +174,7 @@ class GrepService:
     @functools.cached_property
     def _unindexed(self) -> list[int]:
         """Files too large for the text index: candidates for every pattern."""
-        return [i for i, f in self.tree.files_under(ROOT) if f.size > TEXT_LIMIT]
+        return self.tree.larger_than(TEXT_LIMIT)
 
     def _narrow(self, pid: int, visible: frozenset[int]) -> None:
         """Show `pid` only `visible` until it exits (watched through a pidfd)."""
