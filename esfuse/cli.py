@@ -6,6 +6,7 @@ status 1; usage errors are click's, with status 2.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import sys
@@ -18,6 +19,7 @@ import click
 import trio
 
 from esfuse import daemon, ingest, store
+from esfuse.access import EVERYTHING, Rules, Viewer
 from esfuse.errors import EsfuseError
 
 log = logging.getLogger(__name__)
@@ -41,14 +43,6 @@ def _index_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
         raise click.BadParameter(str(e)) from None
 
 
-es_option = click.option(
-    "--es",
-    "es_url",
-    envvar="ESFUSE_ES",
-    default="http://127.0.0.1:9200",
-    show_default=True,
-    help="Elasticsearch URL (env ESFUSE_ES).",
-)
 index_option = click.option(
     "--index",
     envvar="ESFUSE_INDEX",
@@ -57,13 +51,77 @@ index_option = click.option(
     callback=_index_name,
     help="Docs index name (env ESFUSE_INDEX).",
 )
-timeout_option = click.option(
-    "--timeout",
-    type=click.FloatRange(0.1),
-    default=10.0,
-    show_default=True,
-    help="Seconds before a request to Elasticsearch gives up.",
-)
+
+
+def _api_key(ctx: click.Context, param: click.Parameter, value: Path | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return value.read_text().strip()
+    except OSError as e:
+        raise click.BadParameter(f"cannot read {value}: {e.strerror}") from None
+
+
+def connection_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that say how to reach Elasticsearch; the command gets a `Connection`."""
+    options = [
+        click.option(
+            "--es",
+            "url",
+            envvar="ESFUSE_ES",
+            default="http://127.0.0.1:9200",
+            show_default=True,
+            help="Elasticsearch URL (env ESFUSE_ES).",
+        ),
+        click.option(
+            "--cloud-id",
+            envvar="ESFUSE_CLOUD_ID",
+            help="Elastic Cloud id, instead of --es (env ESFUSE_CLOUD_ID).",
+        ),
+        click.option("--api-key", envvar="ESFUSE_API_KEY", help="API key (env ESFUSE_API_KEY)."),
+        click.option(
+            "--api-key-file",
+            type=click.Path(path_type=Path),
+            callback=_api_key,
+            help="Read the API key from this file.",
+        ),
+        click.option(
+            "--ca-certs",
+            type=click.Path(exists=True, dir_okay=False),
+            help="CA bundle to verify the cluster's certificate.",
+        ),
+        click.option(
+            "--timeout",
+            type=click.FloatRange(0.1),
+            default=10.0,
+            show_default=True,
+            help="Seconds before a request to Elasticsearch gives up.",
+        ),
+    ]
+
+    @functools.wraps(command)
+    def wrapper(
+        *args: Any,
+        url: str,
+        cloud_id: str | None,
+        api_key: str | None,
+        api_key_file: str | None,
+        ca_certs: str | None,
+        timeout: float,
+        **kwargs: Any,
+    ) -> Any:
+        conn = store.Connection(
+            url=url,
+            timeout=timeout,
+            api_key=api_key_file or api_key,
+            ca_certs=ca_certs,
+            cloud_id=cloud_id,
+        )
+        return command(*args, conn=conn, **kwargs)
+
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
 
 
 class Cli(click.Group):
@@ -96,14 +154,14 @@ def main(verbose: bool, debug: bool) -> None:
 
 
 def with_store(
-    url: str, index: str, timeout: float, work: Callable[[store.Store], Awaitable[T]]
+    conn: store.Connection, index: str, work: Callable[[store.Store], Awaitable[T]]
 ) -> T:
     """Run `work` under trio with a connected store, closing the client afterwards."""
 
     async def run() -> T:
-        client = store.connect(url, timeout=timeout)
+        client = store.connect(conn)
         try:
-            return await work(store.Store(client, index, url))
+            return await work(store.Store(client, index, conn.where))
         finally:
             await client.close()
 
@@ -112,34 +170,56 @@ def with_store(
 
 @main.command("ingest")
 @click.argument("src", type=click.Path(path_type=Path))
-@es_option
+@connection_options
 @index_option
-@timeout_option
+@click.option(
+    "--access",
+    "access_file",
+    type=click.Path(path_type=Path),
+    help="Access rules (JSON) giving each path its visibility; default: all public.",
+)
 @click.option(
     "--checksum", is_flag=True, help="Hash every file instead of trusting unchanged size and mtime."
 )
 @click.option("--break-lock", is_flag=True, help="Remove a lock left by an ingest that died.")
 def ingest_command(
-    src: Path, es_url: str, index: str, timeout: float, checksum: bool, break_lock: bool
+    src: Path,
+    conn: store.Connection,
+    index: str,
+    access_file: Path | None,
+    checksum: bool,
+    break_lock: bool,
 ) -> None:
     """Index every regular file under SRC and publish the new tree."""
     started = time.monotonic()
+    rules = Rules.load(access_file) if access_file else Rules()
 
     async def work(s: store.Store) -> ingest.Summary:
         if break_lock:
             await s.break_lock()
-        return await ingest.ingest(s, src, checksum=checksum)
+        return await ingest.ingest(s, src, checksum=checksum, rules=rules)
 
-    summary = with_store(es_url, index, timeout, work)
+    summary = with_store(conn, index, work)
     click.echo(summary.line(src, index, time.monotonic() - started))
+
+
+def _viewer(groups: str | None, everything: bool) -> Viewer:
+    if everything and groups:
+        raise click.UsageError("--all and --groups exclude each other")
+    if everything:
+        return EVERYTHING
+    return Viewer(frozenset(g.strip() for g in (groups or "").split(",") if g.strip()))
 
 
 @main.command("mount")
 @click.argument("mountpoint", type=click.Path(path_type=Path))
-@es_option
+@connection_options
 @index_option
-@timeout_option
 @click.option("-f", "--foreground", is_flag=True, help="Serve in this process until unmounted.")
+@click.option("--groups", help="Comma-separated groups: show public files and theirs.")
+@click.option(
+    "--all", "everything", is_flag=True, help="Show every file, whatever its access (operators)."
+)
 @click.option(
     "--cache-size",
     default="256M",
@@ -159,10 +239,11 @@ def ingest_command(
 )
 def mount_command(
     mountpoint: Path,
-    es_url: str,
+    conn: store.Connection,
     index: str,
-    timeout: float,
     foreground: bool,
+    groups: str | None,
+    everything: bool,
     cache_size: int,
     allow_other: bool,
     log_file: Path | None,
@@ -170,10 +251,10 @@ def mount_command(
     """Mount the docs index at MOUNTPOINT (read-only)."""
     options = daemon.MountOptions(
         mountpoint=mountpoint,
-        es_url=es_url,
+        connection=conn,
         index=index,
+        viewer=_viewer(groups, everything),
         cache_bytes=cache_size,
-        timeout=timeout,
         allow_other=allow_other,
         log_file=log_file,
     )

@@ -25,25 +25,28 @@ from typing import Any
 import pyfuse3
 import trio
 
+from esfuse.access import Viewer
 from esfuse.cache import ContentCache
 from esfuse.errors import EsfuseError
 from esfuse.fs import Operations
 from esfuse.grep.service import GrepService, Sessions
 from esfuse.mountinfo import fstype_at
 from esfuse.server import ControlServer, Peer, bind
-from esfuse.store import Store, connect
+from esfuse.store import Connection, Store, connect
 from esfuse.tree import Tree
 
 log = logging.getLogger(__name__)
+
+PUBLIC_ONLY = Viewer()
 
 
 @dataclass(frozen=True)
 class MountOptions:
     mountpoint: Path
-    es_url: str
+    connection: Connection
     index: str
+    viewer: Viewer = PUBLIC_ONLY
     cache_bytes: int = 256 << 20
-    timeout: float = 10.0
     allow_other: bool = False
     log_file: Path | None = None
 
@@ -174,11 +177,11 @@ def _detach_stdio() -> None:
 
 async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
     """Load the tree, mount, serve until unmounted or signalled."""
-    client = connect(options.es_url, timeout=options.timeout)
+    client = connect(options.connection)
     try:
-        store = Store(client, options.index, options.es_url)
+        store = Store(client, options.index, options.connection.where, options.viewer)
         started = time.monotonic()
-        pointer, tree = await store.load_tree()
+        pointer, tree = await store.load_tree(options.viewer)
         log.info(
             "loaded tree version %d of %r: %d files in %.3f s",
             pointer.version,
@@ -220,7 +223,7 @@ async def _serve_mounted(
 ) -> None:
     """From a successful pyfuse3.init to the end of the mount."""
     try:
-        write_record(options.mountpoint, options.index, options.es_url)
+        write_record(options.mountpoint, options.index, options.connection.where)
         nursery.start_soon(control.serve, listener)
         nursery.start_soon(_terminate_on_signals)
         ready()

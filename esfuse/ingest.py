@@ -28,9 +28,10 @@ from typing import Any
 import trio
 
 from esfuse import store as layout
+from esfuse.access import Access, Rules
 from esfuse.errors import EsfuseError
 from esfuse.store import Store
-from esfuse.tree import DirRecord, FileRecord, Tree, encode
+from esfuse.tree import DirRecord, FileRecord, Tree, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,9 @@ def _utf8_name(path: Path, name: str) -> None:
         raise EsfuseError(f"cannot ingest {path}: its name is not valid UTF-8") from None
 
 
-def scan(root: Path) -> Scan:
-    """Stat every directory and regular file below `root`; symlinks and devices are skipped."""
+def scan(root: Path, rules: Rules) -> Scan:
+    """Stat every directory and regular file below `root`, with the access the rules give
+    them; symlinks and devices are skipped."""
     if not root.is_dir():
         raise EsfuseError(f"source directory {root} does not exist or is not a directory")
     result = Scan(root)
@@ -88,7 +90,7 @@ def scan(root: Path) -> Scan:
             st = directory.stat()
         except OSError as e:
             raise EsfuseError(f"cannot read directory {directory}: {e.strerror}") from None
-        result.dirs.append(DirRecord(rel, st.st_mtime_ns))
+        result.dirs.append(DirRecord(rel, st.st_mtime_ns, rules.access_of(rel, is_dir=True)))
         for entry in entries:
             path = Path(entry.path)
             _utf8_name(path, entry.name)
@@ -97,7 +99,8 @@ def scan(root: Path) -> Scan:
                 visit(path, child)
             elif entry.is_file(follow_symlinks=False):
                 st = entry.stat(follow_symlinks=False)
-                result.files.append(FileRecord(child, st.st_size, st.st_mtime_ns, ""))
+                access = rules.access_of(child)
+                result.files.append(FileRecord(child, st.st_size, st.st_mtime_ns, "", access))
             else:
                 result.skipped.append(child)
 
@@ -116,9 +119,9 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def with_digests(found: Scan, old: Tree | None, checksum: bool) -> list[FileRecord]:
+def with_digests(found: Scan, old: list[FileRecord], checksum: bool) -> list[FileRecord]:
     """Scanned files with digests: reused from the old tree when size and mtime agree."""
-    known = {} if old is None or checksum else {f.path: f for f in old.files()}
+    known = {} if checksum else {f.path: f for f in old}
     result = []
     for f in found.files:
         prior = known.get(f.path)
@@ -126,7 +129,7 @@ def with_digests(found: Scan, old: Tree | None, checksum: bool) -> list[FileReco
             digest = prior.digest
         else:
             digest = file_digest(found.root / f.path)
-        result.append(FileRecord(f.path, f.size, f.mtime_ns, digest))
+        result.append(FileRecord(f.path, f.size, f.mtime_ns, digest, f.access))
     return result
 
 
@@ -141,8 +144,16 @@ def read_exact(path: Path, f: FileRecord) -> bytes:
     return data
 
 
+def access_fields(access: Access) -> dict[str, Any]:
+    return {"public": access.public, "groups": list(access.groups)}
+
+
 def documents(
-    store: Store, root: Path, files: list[FileRecord], have: set[str]
+    store: Store,
+    root: Path,
+    files: list[FileRecord],
+    chunk_access: dict[str, Access],
+    have: set[str],
 ) -> Iterator[tuple[list[dict[str, Any]], int]]:
     """Bulk operations (with their payload size) for each file: its chunks if new, its text."""
     for f in files:
@@ -159,7 +170,10 @@ def documents(
                             "_id": layout.chunk_id((f.digest, n)),
                         }
                     },
-                    {"data": base64.b64encode(chunk).decode("ascii")},
+                    {
+                        "data": base64.b64encode(chunk).decode("ascii"),
+                        **access_fields(chunk_access[f.digest]),
+                    },
                 ]
         indexed = f.size <= layout.TEXT_LIMIT
         doc: dict[str, Any] = {
@@ -167,6 +181,7 @@ def documents(
             "digest": f.digest,
             "size": f.size,
             "indexed": indexed,
+            **access_fields(f.access),
         }
         if indexed:
             doc["text"] = data.decode("utf-8", "replace")
@@ -180,6 +195,49 @@ def documents(
             doc,
         ]
         yield ops, f.size
+
+
+def access_updates(
+    store: Store, old: list[FileRecord], new: list[FileRecord], chunk_access: dict[str, Access]
+) -> list[dict[str, Any]]:
+    """Partial updates for documents that stay but whose visibility changed."""
+    before = {(f.path, f.digest): f.access for f in old}
+    ops: list[dict[str, Any]] = []
+    for f in new:
+        prior = before.get((f.path, f.digest))
+        if prior is not None and prior != f.access:
+            ops += [
+                {
+                    "update": {
+                        "_index": store.index("files"),
+                        "_id": layout.file_doc_id(f.path, f.digest),
+                    }
+                },
+                {"doc": access_fields(f.access)},
+            ]
+    old_chunks = union_by_digest(old)
+    sizes = {f.digest: f.size for f in new}
+    for digest, access in chunk_access.items():
+        if digest in old_chunks and old_chunks[digest] != access:
+            for n in range(layout.chunk_count(sizes[digest], layout.CHUNK_SIZE)):
+                ops += [
+                    {
+                        "update": {
+                            "_index": store.index("chunks"),
+                            "_id": layout.chunk_id((digest, n)),
+                        }
+                    },
+                    {"doc": access_fields(access)},
+                ]
+    return ops
+
+
+def union_by_digest(files: list[FileRecord]) -> dict[str, Access]:
+    """Who may read each content: whoever may see any file that has it."""
+    holders: dict[str, list[Access]] = {}
+    for f in files:
+        holders.setdefault(f.digest, []).append(f.access)
+    return {digest: Access.union(accesses) for digest, accesses in holders.items()}
 
 
 class Progress:
@@ -208,7 +266,13 @@ class Progress:
             sys.stderr.write("\n")
 
 
-async def upload(store: Store, root: Path, files: list[FileRecord], have: set[str]) -> int:
+async def upload(
+    store: Store,
+    root: Path,
+    files: list[FileRecord],
+    chunk_access: dict[str, Access],
+    have: set[str],
+) -> int:
     """Send the documents of `files` in size-bounded bulk batches, a few in flight at once."""
     progress = Progress(len(files))
     send, receive = trio.open_memory_channel[tuple[list[dict[str, Any]], int, int]](UPLOADERS)
@@ -229,7 +293,7 @@ async def upload(store: Store, root: Path, files: list[FileRecord], have: set[st
         async with send:
             batch: list[dict[str, Any]] = []
             count = nbytes = 0
-            for ops, size in documents(store, root, files, have):
+            for ops, size in documents(store, root, files, chunk_access, have):
                 batch += ops
                 count += 1
                 nbytes += size
@@ -244,12 +308,12 @@ async def upload(store: Store, root: Path, files: list[FileRecord], have: set[st
     return total
 
 
-def referenced(trees: list[Tree], chunk_size: int) -> tuple[set[str], set[str]]:
-    """Ids of the chunk and file documents these trees point at."""
+def referenced(trees: list[list[FileRecord]], chunk_size: int) -> tuple[set[str], set[str]]:
+    """Ids of the chunk and file documents these trees' files point at."""
     chunks: set[str] = set()
     files: set[str] = set()
-    for t in trees:
-        for f in t.files():
+    for records in trees:
+        for f in records:
             files.add(layout.file_doc_id(f.path, f.digest))
             chunks.update(
                 layout.chunk_id((f.digest, n))
@@ -259,7 +323,7 @@ def referenced(trees: list[Tree], chunk_size: int) -> tuple[set[str], set[str]]:
 
 
 async def collect_garbage(
-    store: Store, keep: list[Tree], keep_versions: set[int], chunk_size: int
+    store: Store, keep: list[list[FileRecord]], keep_versions: set[int], chunk_size: int
 ) -> None:
     chunks, files = referenced(keep, chunk_size)
     for kind, wanted in (("chunks", chunks), ("files", files)):
@@ -280,9 +344,9 @@ async def collect_garbage(
     await store.bulk([{"delete": {"_index": store.index("meta"), "_id": i}} for i in old_parts])
 
 
-def compare(old: Tree | None, new: list[FileRecord], summary: Summary) -> list[FileRecord]:
+def compare(old: list[FileRecord], new: list[FileRecord], summary: Summary) -> list[FileRecord]:
     """Count what changed and return the files whose (path, digest) is not published yet."""
-    before = {} if old is None else {f.path: f.digest for f in old.files()}
+    before = {f.path: f.digest for f in old}
     todo = []
     for f in new:
         prior = before.pop(f.path, None)
@@ -298,9 +362,11 @@ def compare(old: Tree | None, new: list[FileRecord], summary: Summary) -> list[F
     return todo
 
 
-async def ingest(store: Store, src: Path, *, checksum: bool = False) -> Summary:
+async def ingest(
+    store: Store, src: Path, *, checksum: bool = False, rules: Rules | None = None
+) -> Summary:
     """Bring the docs index in line with `src`; see the module docstring for the order."""
-    found = scan(src)
+    found = scan(src, rules or Rules())
     for skipped in found.skipped:
         log.warning("skipped %s: not a regular file or directory", skipped)
     await store.ensure_indices()
@@ -312,19 +378,26 @@ async def ingest(store: Store, src: Path, *, checksum: bool = False) -> Summary:
                 f"index {store.name!r} uses chunks of {previous.chunk_size} bytes; "
                 f"this esfuse writes {layout.CHUNK_SIZE}: ingest into a new index"
             )
-        old = None if previous is None else (await store.load_tree(previous))[1]
+        old: list[FileRecord] = []
+        if previous is not None:
+            old = decode((await store.tree_document(previous))[1])[1]
         files = with_digests(found, old, checksum)
+        Tree(found.dirs, files)  # refuse an inconsistent tree before writing anything
         summary = Summary(files=len(files), bytes=sum(f.size for f in files))
         todo = compare(old, files, summary)
-        have = set() if old is None else {f.digest for f in old.files()}
-        summary.uploaded_bytes = await upload(store, src, todo, have)
+        chunk_access = union_by_digest(files)
+        have = {f.digest for f in old}
+        summary.uploaded_bytes = await upload(store, src, todo, chunk_access, have)
+        updates = access_updates(store, old, files, chunk_access)
+        for start in range(0, len(updates), 2 * BATCH_OPS):
+            await store.bulk(updates[start : start + 2 * BATCH_OPS])
+        # Searches (esgrep's, and content reads filtered by access) see only refreshed data.
         await store.refresh("files")
-        tree = Tree(found.dirs, files)
+        await store.refresh("chunks")
         pointer = await store.publish(
-            encode(tree.dirs(), tree.files()), previous, summary.files, summary.bytes
+            encode(found.dirs, files), previous, summary.files, summary.bytes
         )
         summary.version = pointer.version
-        keep = [tree] + ([old] if old is not None else [])
         versions = {pointer.version} | ({previous.version} if previous else set())
-        await collect_garbage(store, keep, versions, layout.CHUNK_SIZE)
+        await collect_garbage(store, [files, old], versions, layout.CHUNK_SIZE)
     return summary

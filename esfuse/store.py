@@ -34,6 +34,7 @@ import elasticsearch
 from elasticsearch import AsyncElasticsearch
 
 from esfuse import tree as treedoc
+from esfuse.access import EVERYTHING, Viewer
 from esfuse.errors import StoreError
 
 log = logging.getLogger(__name__)
@@ -49,12 +50,14 @@ LOCK_ID = "ingest-lock"
 
 ChunkKey = tuple[str, int]
 
+# Who may read a document: public, or any of these groups (see esfuse.access).
+_ACCESS = {"public": {"type": "boolean"}, "groups": {"type": "keyword"}}
 _INDEX_SETTINGS = {"number_of_shards": 1, "auto_expand_replicas": "0-1"}
 
 MAPPINGS: dict[str, dict[str, Any]] = {
     "chunks": {
         "settings": _INDEX_SETTINGS,
-        "mappings": {"dynamic": "strict", "properties": {"data": {"type": "binary"}}},
+        "mappings": {"dynamic": "strict", "properties": {"data": {"type": "binary"}, **_ACCESS}},
     },
     "files": {
         "settings": {
@@ -76,6 +79,7 @@ MAPPINGS: dict[str, dict[str, Any]] = {
                 "digest": {"type": "keyword"},
                 "size": {"type": "long"},
                 "indexed": {"type": "boolean"},
+                **_ACCESS,
                 "text": {"type": "text", "analyzer": "trigram", "norms": False},
             },
         },
@@ -113,16 +117,34 @@ def file_doc_id(path: str, digest: str) -> str:
     return hashlib.sha1(f"{path}\0{digest}".encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def connect(url: str, *, timeout: float = 10.0) -> AsyncElasticsearch:
+@dataclass(frozen=True)
+class Connection:
+    """How to reach the cluster: URL or Elastic Cloud id, credentials, TLS trust."""
+
+    url: str = "http://127.0.0.1:9200"
+    timeout: float = 10.0
+    api_key: str | None = None
+    ca_certs: str | None = None
+    cloud_id: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"cloud id {self.cloud_id.split(':')[0]}" if self.cloud_id else self.url
+
+
+def connect(conn: Connection) -> AsyncElasticsearch:
     """An async client for trio: httpx speaks trio natively, aiohttp does not."""
     return AsyncElasticsearch(
-        url,
+        None if conn.cloud_id else conn.url,
+        cloud_id=conn.cloud_id,
+        api_key=conn.api_key,
+        ca_certs=conn.ca_certs,
         node_class="httpxasync",
         # httpx asks for gzip by default; compressing base64 content on a nearby
         # cluster costs more CPU than it saves (a profile of a cold `grep -r` spent
         # 15% of the daemon's time in GZipDecoder.decode).
         headers={"accept-encoding": "identity"},
-        request_timeout=timeout,
+        request_timeout=conn.timeout,
         max_retries=2,
         retry_on_timeout=True,
     )
@@ -151,10 +173,15 @@ def _reason(e: elasticsearch.ApiError) -> str:
 class Store:
     """Reads and writes one docs index."""
 
-    def __init__(self, client: AsyncElasticsearch, name: str, url: str = "") -> None:
+    def __init__(
+        self, client: AsyncElasticsearch, name: str, url: str = "", viewer: Viewer = EVERYTHING
+    ) -> None:
         self.client = client
         self.name = name
         self.url = url
+        # Every read for a mount carries this filter, so that Elasticsearch itself
+        # withholds what the mount may not see (the tree is pruned as well).
+        self.viewer = viewer
         # Reads made for a mount, by kind: what `status` reports and tests count.
         self.requests: Counter[str] = Counter()
 
@@ -183,8 +210,8 @@ class Store:
         except (KeyError, TypeError) as e:
             raise StoreError(f"tree pointer of {self.name!r} is corrupt: {e}") from None
 
-    async def load_tree(self, pointer: Pointer | None = None) -> tuple[Pointer, treedoc.Tree]:
-        """The published tree, decoded; a missing or damaged one is a StoreError/TreeError."""
+    async def tree_document(self, pointer: Pointer | None = None) -> tuple[Pointer, bytes]:
+        """The published tree document, checked against its pointer's checksum."""
         if pointer is None:
             pointer = await self.pointer()
         if pointer is None:
@@ -197,16 +224,32 @@ class Store:
         blob = b"".join(_decoded(doc, "data", "tree part") for doc in resp["docs"])
         if hashlib.sha256(blob).hexdigest() != pointer.sha256:
             raise StoreError(f"tree version {pointer.version} of {self.name!r} fails its checksum")
-        return pointer, treedoc.decode(blob)
+        return pointer, blob
+
+    async def load_tree(self, viewer: Viewer) -> tuple[Pointer, treedoc.Tree]:
+        """The published tree, as much of it as `viewer` may see."""
+        pointer, blob = await self.tree_document()
+        return pointer, treedoc.load(blob, viewer)
 
     async def fetch_chunks(self, keys: Sequence[ChunkKey]) -> dict[ChunkKey, bytes]:
-        """Content chunks by key, in one request."""
-        self.requests["mget"] += 1
+        """Content chunks by key, in one request, filtered to what the viewer may see."""
+        self.requests["content"] += 1
+        ids = [chunk_id(k) for k in keys]
+        visible = self.viewer.es_filter()
         with self._backend("reading content"):
-            resp = await self.client.mget(
-                index=self.index("chunks"), ids=[chunk_id(k) for k in keys]
-            )
-        docs = resp["docs"]
+            if visible is None:
+                docs = (await self.client.mget(index=self.index("chunks"), ids=ids))["docs"]
+            else:
+                # A search, not mget: mget cannot filter, and the filter is the point.
+                resp = await self.client.search(
+                    index=self.index("chunks"),
+                    size=len(ids),
+                    track_total_hits=False,
+                    query={"bool": {"filter": [{"ids": {"values": ids}}, visible]}},
+                    source_includes=["data"],
+                )
+                found = {h["_id"]: {**h, "found": True} for h in resp["hits"]["hits"]}
+                docs = [found.get(i, {"_id": i, "_index": self.index("chunks")}) for i in ids]
         return {
             k: _decoded(doc, "data", "content chunk") for k, doc in zip(keys, docs, strict=True)
         }
@@ -248,7 +291,9 @@ class Store:
             {"prefix": {"path": s + "/"}} for s in scopes if s
         ]
         scope = {"bool": {"should": where, "minimum_should_match": 1}} if all(scopes) else None
-        body = {"bool": {"filter": [query] + ([scope] if scope else [])}}
+        visible = self.viewer.es_filter()
+        filters = [query] + [f for f in (scope, visible) if f is not None]
+        body = {"bool": {"filter": filters}}
         found: set[tuple[str, str]] = set()
         after: list[Any] | None = None
         while True:
@@ -279,10 +324,15 @@ class Store:
                 if not await self.client.indices.exists(index=index):
                     try:
                         await self.client.indices.create(index=index, **body)
+                        continue
                     except elasticsearch.BadRequestError as e:
                         # Lost a race with another creator: fine if it exists now.
                         if "resource_already_exists" not in str(e):
                             raise
+                # Fields added since the index was made (adding fields is always allowed).
+                await self.client.indices.put_mapping(
+                    index=index, properties=body["mappings"]["properties"]
+                )
 
     async def bulk(self, operations: list[dict[str, Any]]) -> None:
         if not operations:

@@ -17,22 +17,24 @@ import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from esfuse.access import PUBLIC, Access, Viewer
 from esfuse.errors import TreeError
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
 ROOT = 1
 
 
 @dataclass(frozen=True, slots=True)
 class FileRecord:
-    """A regular file: where it is, how big, when it changed, what it holds."""
+    """A regular file: where it is, how big, when it changed, what it holds, who sees it."""
 
     path: str
     size: int
     mtime_ns: int
     digest: str
+    access: Access = PUBLIC
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,7 @@ class DirRecord:
 
     path: str
     mtime_ns: int
+    access: Access = PUBLIC
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,18 +239,28 @@ class Tree:
 
 
 def encode(dirs: Iterable[DirRecord], files: Iterable[FileRecord]) -> bytes:
-    """The compressed tree document that ingest publishes."""
+    """The compressed tree document that ingest publishes.
+
+    Each record names its visibility by position in a shared table, since a
+    handful of distinct visibilities cover thousands of files.
+    """
+    table: dict[Access, int] = {}
+
+    def ref(access: Access) -> int:
+        return table.setdefault(access, len(table))
+
     doc = {
         "format": FORMAT,
-        "dirs": [[d.path, d.mtime_ns] for d in dirs],
-        "files": [[f.path, f.size, f.mtime_ns, f.digest] for f in files],
+        "dirs": [[d.path, d.mtime_ns, ref(d.access)] for d in dirs],
+        "files": [[f.path, f.size, f.mtime_ns, f.digest, ref(f.access)] for f in files],
     }
+    doc["access"] = [[a.public, list(a.groups)] for a in table]
     # ensure_ascii keeps names that are not valid UTF-8 (surrogate escapes) encodable.
     return gzip.compress(json.dumps(doc, separators=(",", ":")).encode("ascii"), mtime=0)
 
 
-def decode(blob: bytes) -> Tree:
-    """Rebuild a tree from `encode`'s output; a damaged document is a TreeError, never a crash."""
+def decode(blob: bytes) -> tuple[list[DirRecord], list[FileRecord]]:
+    """The records of `encode`'s output; a damaged document is a TreeError, never a crash."""
     try:
         doc = json.loads(gzip.decompress(blob))
     except (OSError, EOFError, ValueError) as e:
@@ -256,11 +269,64 @@ def decode(blob: bytes) -> Tree:
         found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise TreeError(f"tree document has format {found!r}; this esfuse reads format {FORMAT}")
     try:
-        dirs = [DirRecord(_str(p), _int(m)) for p, m in doc["dirs"]]
-        files = [FileRecord(_str(p), _int(s), _int(m), _str(d)) for p, s, m, d in doc["files"]]
-    except (KeyError, TypeError, ValueError) as e:
+        table = [Access(_bool(p), tuple(_str(g) for g in gs)) for p, gs in doc["access"]]
+        dirs = [DirRecord(_str(p), _int(m), table[_int(a)]) for p, m, a in doc["dirs"]]
+        files = [
+            FileRecord(_str(p), _int(s), _int(m), _str(d), table[_int(a)])
+            for p, s, m, d, a in doc["files"]
+        ]
+    except (KeyError, TypeError, ValueError, IndexError) as e:
         raise TreeError(f"tree document is corrupt: bad record ({e})") from None
-    return Tree(dirs, files)
+    return dirs, files
+
+
+def visible(
+    dirs: list[DirRecord], files: list[FileRecord], viewer: Viewer
+) -> tuple[list[DirRecord], list[FileRecord]]:
+    """The records `viewer` may see. A directory holding files shows only if one of them
+    does; a directory holding none (empty, or only empty directories) follows its own rule
+    and those of its ancestors, so that it cannot reveal a hidden parent."""
+    shown = [f for f in files if viewer.sees(f.access)]
+    holds_files = _ancestors(f.path for f in files)
+    holds_shown = _ancestors(f.path for f in shown)
+    hidden_dirs = holds_files - holds_shown
+    by_path = {d.path: d for d in dirs}
+
+    def empty_and_seen(d: DirRecord) -> bool:
+        chain = [d.path, *_parents(d.path)]
+        return (
+            d.path not in holds_files
+            and not hidden_dirs.intersection(chain)
+            and all(viewer.sees(by_path[p].access) for p in chain if p in by_path)
+        )
+
+    return [d for d in dirs if d.path in holds_shown or empty_and_seen(d)], shown
+
+
+def _parents(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts) - 1, -1, -1)] if path else []
+
+
+def _ancestors(paths: Iterable[str]) -> set[str]:
+    found: set[str] = set()
+    for path in paths:
+        for parent in _parents(path):
+            if parent in found:
+                break
+            found.add(parent)
+    return found
+
+
+def load(blob: bytes, viewer: Viewer) -> Tree:
+    """The tree `viewer` may see, from a tree document."""
+    return Tree(*visible(*decode(blob), viewer))
+
+
+def _bool(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {value!r}")
+    return value
 
 
 def _str(value: object) -> str:

@@ -249,7 +249,7 @@ def test_one_search_and_few_bulk_fetches_per_call(docs, tmp_path):
         # grep read the 1111 candidates after the daemon prefetched them in bulk:
         # its reads were served from the cache, with no request of their own.
         after = status(mountpoint)["requests"]
-        assert after == {"search": 1, "mget": math.ceil(1111 / PREFETCH_BATCH_KEYS)}
+        assert after == {"search": 1, "content": math.ceil(1111 / PREFETCH_BATCH_KEYS)}
     finally:
         unmount(mountpoint)
 

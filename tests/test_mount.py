@@ -316,7 +316,7 @@ def test_a_backend_failure_is_eio_and_the_mount_keeps_serving(es_url, es, tmp_pa
         assert (mountpoint / "x" / "one.md").read_text() == "x/one.md\n"
         assert sorted(os.listdir(mountpoint)) == ["x", "y"]
         log = record_path(mountpoint, ".log").read_text()
-        assert "ERROR esfuse.fs: read /y/two.md: content chunk" in log
+        assert "ERROR esfuse.fs: read /y/two.md: reading content" in log
     finally:
         unmount(mountpoint)
         d.drop()

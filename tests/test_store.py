@@ -11,8 +11,9 @@ import pytest
 import trio
 
 from esfuse import store as layout
+from esfuse.access import EVERYTHING
 from esfuse.cache import ContentCache
-from esfuse.store import Store, connect
+from esfuse.store import Connection, Store, connect
 from tests.conftest import ESFUSE, Docs, esfuse, run
 
 pytestmark = pytest.mark.es
@@ -24,7 +25,7 @@ def source_files(root: Path) -> dict[str, Path]:
 
 def with_store(docs: Docs, work):
     async def main():
-        client = connect(docs.url)
+        client = connect(Connection(url=docs.url))
         try:
             return await work(Store(client, docs.name, docs.url))
         finally:
@@ -34,7 +35,7 @@ def with_store(docs: Docs, work):
 
 
 def test_the_published_tree_matches_the_source(docs):
-    _, tree = with_store(docs, lambda s: s.load_tree())
+    _, tree = with_store(docs, lambda s: s.load_tree(EVERYTHING))
     src = source_files(docs.src)
     records = {f.path: f for f in tree.files()}
     assert set(records) == set(src)
@@ -47,7 +48,7 @@ def test_the_published_tree_matches_the_source(docs):
 
 def test_every_file_reads_back_byte_exact(docs):
     async def read_all(s: Store):
-        pointer, tree = await s.load_tree()
+        pointer, tree = await s.load_tree(EVERYTHING)
         content = ContentCache(s.fetch_chunks, pointer.chunk_size, 64 << 20)
         return {f.path: await content.read(f.digest, f.size, 0, f.size) for f in tree.files()}
 
@@ -111,7 +112,7 @@ def test_reingest_is_incremental_and_collects_garbage(small):
     assert third.returncode == 0, third.stderr
     for part in ("1 added", "1 changed", "1 removed", "1 unchanged", "version 3"):
         assert part in third.stdout, third.stdout
-    _, tree = with_store(small, lambda s: s.load_tree())
+    _, tree = with_store(small, lambda s: s.load_tree(EVERYTHING))
     assert sorted(f.path for f in tree.files()) == ["a.md", "b/b.md", "new dir/d.md"]
     # The replaced tree stays readable (old contents kept one version), then goes.
     assert small.count("files") == 5  # a(old), a(new), b, c(old), d

@@ -68,7 +68,7 @@ def test_unknown_inode_is_a_key_error(tree):
 
 
 def test_document_round_trip(tree):
-    again = decode(encode(tree.dirs(), tree.files()))
+    again = Tree(*decode(encode(tree.dirs(), tree.files())))
     assert list(again.files()) == list(tree.files())
     assert list(again.dirs()) == list(tree.dirs())
 
@@ -88,6 +88,10 @@ def test_duplicates_and_file_dir_clashes_are_refused():
         Tree([], [FileRecord("x/y", 1, 1, "d"), FileRecord("x", 1, 1, "d")])
 
 
+def v2(*files) -> dict:
+    return {"format": 2, "access": [[True, []]], "dirs": [], "files": list(files)}
+
+
 def doc(payload) -> bytes:
     return gzip.compress(json.dumps(payload).encode())
 
@@ -100,17 +104,20 @@ def doc(payload) -> bytes:
         (gzip.compress(b"x" * 10)[:-4], "corrupt"),
         (doc([1, 2]), "format"),
         (doc({"format": 99, "dirs": [], "files": []}), "format 99"),
-        (doc({"format": 1, "dirs": []}), "corrupt"),
-        (doc({"format": 1, "dirs": [], "files": [["a", "big", 1, "d"]]}), "corrupt"),
-        (doc({"format": 1, "dirs": [], "files": [["a", 1, 1]]}), "corrupt"),
-        (doc({"format": 1, "dirs": [], "files": [["a", True, 1, "d"]]}), "corrupt"),
-        (doc({"format": 1, "dirs": [], "files": [["../a", 1, 1, "d"]]}), "invalid path"),
-        (doc({"format": 1, "dirs": [], "files": [["a", -1, 1, "d"]]}), "negative"),
+        (doc({"format": 2, "dirs": []}), "corrupt"),
+        (doc({"format": 1, "dirs": [], "files": []}), "format 1"),
+        (doc(v2(["a", "big", 1, "d", 0])), "corrupt"),
+        (doc(v2(["a", 1, 1, 0])), "corrupt"),
+        (doc(v2(["a", True, 1, "d", 0])), "corrupt"),
+        (doc(v2(["a", 1, 1, "d", 7])), "corrupt"),
+        (doc({**v2(["a", 1, 1, "d", 0]), "access": [["yes", []]]}), "corrupt"),
+        (doc(v2(["../a", 1, 1, "d", 0])), "invalid path"),
+        (doc(v2(["a", -1, 1, "d", 0])), "negative"),
     ],
 )
 def test_broken_documents_are_tree_errors(blob, message):
     with pytest.raises(TreeError, match=message):
-        decode(blob)
+        Tree(*decode(blob))
 
 
 name = st.text(
@@ -129,7 +136,7 @@ def test_any_consistent_set_of_paths_round_trips(paths):
         seen.add(path)
         files.append(FileRecord(path, len(path), 1, "d"))
     tree = Tree([], files)
-    assert sorted(f.path for f in decode(encode(tree.dirs(), tree.files())).files()) == sorted(seen)
+    assert sorted(f.path for f in decode(encode(tree.dirs(), tree.files()))[1]) == sorted(seen)
     for f in files:
         assert tree.path(tree.resolve(f.path)) == f.path
 

@@ -143,7 +143,11 @@ class GrepService:
             )
         )
         tops = scope_inodes(self.tree, scopes)
-        if isinstance(query, plan.All):
+        if not tops:
+            candidates: list[FileRecord] = []
+            mode = "all" if isinstance(query, plan.All) else "filtered"
+            self._narrow(pid, frozenset())
+        elif isinstance(query, plan.All):
             candidates = [f for _, f in files_in(self.tree, tops)]
             mode = "all"
         else:
