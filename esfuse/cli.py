@@ -221,6 +221,13 @@ def _viewer(groups: str | None, everything: bool) -> Viewer:
     "--all", "everything", is_flag=True, help="Show every file, whatever its access (operators)."
 )
 @click.option(
+    "--refresh",
+    type=click.FloatRange(0),
+    default=10.0,
+    show_default=True,
+    help="Seconds between checks for a newly published tree (0: only on SIGHUP).",
+)
+@click.option(
     "--cache-size",
     default="256M",
     show_default=True,
@@ -244,6 +251,7 @@ def mount_command(
     foreground: bool,
     groups: str | None,
     everything: bool,
+    refresh: float,
     cache_size: int,
     allow_other: bool,
     log_file: Path | None,
@@ -255,6 +263,7 @@ def mount_command(
         index=index,
         viewer=_viewer(groups, everything),
         cache_bytes=cache_size,
+        refresh=refresh,
         allow_other=allow_other,
         log_file=log_file,
     )

@@ -28,12 +28,12 @@ import trio
 from esfuse.access import Viewer
 from esfuse.cache import ContentCache
 from esfuse.errors import EsfuseError
-from esfuse.fs import Operations
+from esfuse.fs import Operations, invalidate
 from esfuse.grep.service import GrepService, Sessions
 from esfuse.mountinfo import fstype_at
+from esfuse.refresh import Refresher
 from esfuse.server import ControlServer, Peer, bind
 from esfuse.store import Connection, Store, connect
-from esfuse.tree import Tree
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ class MountOptions:
     index: str
     viewer: Viewer = PUBLIC_ONLY
     cache_bytes: int = 256 << 20
+    refresh: float = 10.0
     allow_other: bool = False
     log_file: Path | None = None
 
@@ -194,18 +195,33 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
         async with trio.open_nursery() as nursery:
             sessions = Sessions()
             grep = GrepService(tree, store, content, sessions, nursery)
+            ops = Operations(tree, content, nursery, sessions, str(socket_path))
+            refresher = Refresher(
+                store,
+                options.viewer,
+                pointer.version,
+                tree,
+                [ops, grep],
+                invalidate,
+                options.refresh,
+            )
 
             async def grep_op(request: dict[str, Any], peer: Peer) -> dict[str, Any]:
                 return await grep.grep(request, peer.pid)
 
             async def status_op(request: dict[str, Any], peer: Peer) -> dict[str, Any]:
-                return status(store, tree, content)
+                return status(store, refresher, content)
 
             control = ControlServer({"grep": grep_op, "status": status_op})
             listener = await bind(socket_path)
             try:
-                _fuse_init(Operations(tree, content, nursery, sessions, str(socket_path)), options)
-                await _serve_mounted(options, nursery, control, listener, ready)
+                _fuse_init(ops, options)
+                write_record(options.mountpoint, options.index, options.connection.where)
+                nursery.start_soon(control.serve, listener)
+                nursery.start_soon(_handle_signals, refresher)
+                nursery.start_soon(refresher.run)
+                ready()
+                await _serve_mounted(options)
             finally:
                 nursery.cancel_scope.cancel()
                 for path in (record_path(options.mountpoint), socket_path):
@@ -214,28 +230,21 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
         await client.close()
 
 
-async def _serve_mounted(
-    options: MountOptions,
-    nursery: trio.Nursery,
-    control: ControlServer,
-    listener: trio.socket.SocketType,
-    ready: Callable[[], None],
-) -> None:
+async def _serve_mounted(options: MountOptions) -> None:
     """From a successful pyfuse3.init to the end of the mount."""
     try:
-        write_record(options.mountpoint, options.index, options.connection.where)
-        nursery.start_soon(control.serve, listener)
-        nursery.start_soon(_terminate_on_signals)
-        ready()
         await pyfuse3.main()
     finally:
         pyfuse3.close(unmount=fstype_at(options.mountpoint) is not None)
         log.info("unmounted %s", options.mountpoint)
 
 
-def status(store: Store, tree: Tree, content: ContentCache) -> dict[str, Any]:
+def status(store: Store, refresher: Refresher, content: ContentCache) -> dict[str, Any]:
     return {
-        "files": tree.file_count,
+        "files": refresher.tree.file_count,
+        "tree_version": refresher.version,
+        "tree_age": round(time.time() - refresher.loaded_at, 3),
+        "last_refresh_error": refresher.last_error,
         "requests": dict(store.requests),
         "cache_bytes": content.chunks.current_bytes,
         "cache_hits": content.chunks.hits,
@@ -258,9 +267,13 @@ def _fuse_init(ops: Operations, options: MountOptions) -> None:
         raise EsfuseError(f"cannot mount on {options.mountpoint}: {e}") from None
 
 
-async def _terminate_on_signals() -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+async def _handle_signals(refresher: Refresher) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
+            if signum == signal.SIGHUP:
+                log.info("received SIGHUP, refreshing the tree")
+                refresher.wake()
+                continue
             log.info("received %s, unmounting", signal.Signals(signum).name)
             pyfuse3.terminate()
 

@@ -22,7 +22,7 @@ from esfuse.cache import ContentCache
 from esfuse.errors import StoreError
 from esfuse.grep.service import Sessions
 from esfuse.protocol import XATTR
-from esfuse.tree import ROOT, Tree
+from esfuse.tree import ROOT, Changes, Node, Tree
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,9 @@ class Operations(pyfuse3.Operations):
     ) -> None:
         super().__init__()
         self.tree = tree
+        # The tree a refresh replaced: the kernel may still hold its inodes for a moment
+        # (entry invalidation is asynchronous), and opening one must give the old version.
+        self.previous: Tree | None = None
         self.content = content
         self.nursery = nursery
         self.sessions = sessions
@@ -89,12 +92,27 @@ class Operations(pyfuse3.Operations):
         self.uid = os.getuid()
         self.gid = os.getgid()
         self._opens_in_dir: dict[int, int] = {}
+        # Open files: inode -> (digest, size, open count). An inode's content never
+        # changes (see Tree), so this stays right when a refresh drops the inode.
+        self._open: dict[int, tuple[str, int, int]] = {}
         # Directory handles above the inode range: listings narrowed for an esgrep session.
         self._narrowed: dict[int, tuple[int, list[tuple[bytes, int]]]] = {}
         self._next_handle = 1 << 48
 
+    def swap(self, tree: Tree) -> None:
+        self.previous, self.tree = self.tree, tree
+
+    def node(self, inode: int) -> Node:
+        """An inode of the current tree, or of the one just replaced."""
+        try:
+            return self.tree.node(inode)
+        except KeyError:
+            if self.previous is None:
+                raise
+            return self.previous.node(inode)
+
     def attributes(self, inode: int) -> pyfuse3.EntryAttributes:
-        node = self.tree.node(inode)
+        node = self.node(inode)
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = pyfuse3.InodeT(inode)
         attr.entry_timeout = TIMEOUT
@@ -160,8 +178,11 @@ class Operations(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: Any) -> Any:
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
-        if self.tree.is_dir(inode):
+        node = self.node(inode)
+        if node.digest is None:
             raise pyfuse3.FUSEError(errno.EISDIR)
+        _, _, count = self._open.get(inode, ("", 0, 0))
+        self._open[inode] = (node.digest, node.size, count + 1)
         if self.sessions.visible(ctx.pid) is None:
             # In an esgrep session the daemon has already fetched what grep will read.
             self._read_ahead(inode)
@@ -175,7 +196,10 @@ class Operations(pyfuse3.Operations):
         in a directory brings a small window of the files after it in listing
         order, the second brings the rest of the directory, in a few requests.
         """
-        parent = self.tree.parent(inode)
+        try:
+            parent = self.tree.parent(inode)
+        except KeyError:
+            return  # an inode of the replaced tree: no traversal to anticipate
         seen = self._opens_in_dir.get(parent, 0)
         if seen >= 2:
             return
@@ -189,14 +213,14 @@ class Operations(pyfuse3.Operations):
 
     @boundary
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        node = self.tree.node(fh)
-        if node.digest is None:
-            raise pyfuse3.FUSEError(errno.EISDIR)
-        return await self.content.read(node.digest, node.size, off, size)
+        digest, length, _ = self._open[fh]
+        return await self.content.read(digest, length, off, size)
 
     @boundary
     async def release(self, fh: int) -> None:
-        return None
+        digest, length, count = self._open.pop(fh)
+        if count > 1:
+            self._open[fh] = (digest, length, count - 1)
 
     @boundary
     async def access(self, inode: int, mode: int, ctx: Any) -> bool:
@@ -238,3 +262,25 @@ class Operations(pyfuse3.Operations):
     # keeps the file system read-only even if it is mounted without it.
     setattr = mknod = mkdir = unlink = rmdir = symlink = rename = link = _refuse_write
     write = create = setxattr = removexattr = fsync = fsyncdir = _refuse_write
+
+
+def invalidate(changes: Changes) -> None:
+    """Make the kernel forget what a refresh changed: names, and attributes.
+
+    Contents need no invalidation: a changed file is a new inode. The entry
+    notifications are queued (pyfuse3 sends them from its own thread, so they
+    cannot deadlock against a request we are serving); attribute-only inode
+    invalidation touches no page and does not wait on one.
+    """
+    for parent, name, inode in changes.gone:
+        pyfuse3.invalidate_entry_async(
+            pyfuse3.InodeT(parent), name, pyfuse3.InodeT(inode), ignore_enoent=True
+        )
+    for parent, name in changes.added:
+        pyfuse3.invalidate_entry_async(pyfuse3.InodeT(parent), name, ignore_enoent=True)
+    for inode in changes.touched:
+        try:
+            pyfuse3.invalidate_inode(pyfuse3.InodeT(inode), attr_only=True)
+        except OSError as e:
+            if e.errno != errno.ENOENT:  # the kernel never looked it up: nothing to forget
+                log.warning("invalidating inode %d: %s", inode, e)

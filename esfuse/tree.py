@@ -15,7 +15,7 @@ import gzip
 import json
 import logging
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from esfuse.access import PUBLIC, Access, Viewer
 from esfuse.errors import TreeError
@@ -70,35 +70,63 @@ def split_path(path: str) -> list[str]:
 
 
 class Tree:
-    """An immutable directory tree with integer inodes."""
+    """An immutable directory tree with integer inodes.
 
-    def __init__(self, dirs: Iterable[DirRecord], files: Iterable[FileRecord]) -> None:
-        self._names: list[bytes] = [b""]
-        self._parents: list[int] = [ROOT]
-        self._mtimes: list[int] = [0]
-        self._sizes: list[int] = [0]
-        self._digests: list[str | None] = [None]
-        self._subdirs: list[int] = [0]
+    Built with `previous`, a tree keeps the inode of every path whose kind, and
+    for a file whose content, is unchanged, and gives everything else a number
+    the previous tree never used. So an inode's content never changes: the
+    kernel's page cache stays right, and a file opened before a refresh keeps
+    reading the version it opened, as after a rename over it on a disk.
+    """
+
+    def __init__(
+        self, dirs: Iterable[DirRecord], files: Iterable[FileRecord], previous: Tree | None = None
+    ) -> None:
+        size = previous._slots if previous is not None else 1
+        self._names: list[bytes | None] = [None] * size
+        self._parents: list[int] = [ROOT] * size
+        self._mtimes: list[int] = [0] * size
+        self._sizes: list[int] = [0] * size
+        self._digests: list[str | None] = [None] * size
+        self._subdirs: list[int] = [0] * size
+        self._names[0] = b""
         self._children: dict[int, dict[bytes, int]] = {ROOT: {}}
         self._listings: dict[int, list[tuple[bytes, int]]] = {}
         self._dir_index: dict[str, int] = {"": ROOT}
+        self._previous = previous
+        self._inherited_dirs = {ROOT}
         self.total_size = 0
         self.file_count = 0
+        self.inode_count = 1
         for d in dirs:
             self._mtimes[self._ensure_dir(d.path) - 1] = d.mtime_ns
         for f in files:
             self._add_file(f)
         for inode, children in self._children.items():
             self._children[inode] = dict(sorted(children.items()))
-        del self._dir_index  # only needed while building
+        # Only needed while building; keeping them would keep every old tree alive.
+        del self._dir_index, self._previous, self._inherited_dirs
 
     @property
-    def inode_count(self) -> int:
+    def _slots(self) -> int:
         return len(self._names)
 
     @property
     def dir_count(self) -> int:
         return len(self._children)
+
+    def _inherited(self, parent: int, name: bytes, digest: str | None, size: int) -> int | None:
+        """The previous tree's inode for this entry, if it may be kept."""
+        previous = self._previous
+        if previous is None or parent not in self._inherited_dirs:
+            return None
+        old = previous.lookup(parent, name)
+        if old is None:
+            return None
+        if digest is None:
+            return old if previous.is_dir(old) else None
+        node = previous.node(old)
+        return old if (node.digest, node.size) == (digest, size) else None
 
     def _new_inode(
         self, parent: int, name: str, mtime_ns: int, size: int, digest: str | None
@@ -107,14 +135,29 @@ class Tree:
         encoded = name.encode("utf-8", "surrogateescape")
         if encoded in children:
             raise TreeError(f"duplicate entry in tree: {self.path(parent)}/{name}")
-        self._names.append(encoded)
-        self._parents.append(parent)
-        self._mtimes.append(mtime_ns)
-        self._sizes.append(size)
-        self._digests.append(digest)
-        self._subdirs.append(0)
-        inode = len(self._names)
+        inode = self._inherited(parent, encoded, digest, size)
+        if inode is None:
+            for column in (
+                self._names,
+                self._parents,
+                self._mtimes,
+                self._sizes,
+                self._digests,
+                self._subdirs,
+            ):
+                column.append(column[0] if column is not self._names else None)  # type: ignore[arg-type]
+            inode = len(self._names)
+        elif digest is None:
+            self._inherited_dirs.add(inode)
+        i = inode - 1
+        self._names[i] = encoded
+        self._parents[i] = parent
+        self._mtimes[i] = mtime_ns
+        self._sizes[i] = size
+        self._digests[i] = digest
+        self._subdirs[i] = 0
         children[encoded] = inode
+        self.inode_count += 1
         return inode
 
     def _ensure_dir(self, path: str) -> int:
@@ -145,7 +188,7 @@ class Tree:
     # -- queries -------------------------------------------------------------
 
     def _check(self, inode: int) -> int:
-        if not 1 <= inode <= len(self._names):
+        if not 1 <= inode <= len(self._names) or self._names[inode - 1] is None:
             raise KeyError(inode)
         return inode - 1
 
@@ -192,11 +235,16 @@ class Tree:
                 return None
         return inode
 
+    def _name(self, i: int) -> bytes:
+        name = self._names[i]
+        assert name is not None
+        return name
+
     def path(self, inode: int) -> str:
         parts: list[str] = []
         while inode != ROOT:
             i = self._check(inode)
-            parts.append(self._names[i].decode("utf-8", "surrogateescape"))
+            parts.append(self._name(i).decode("utf-8", "surrogateescape"))
             inode = self._parents[i]
         return "/".join(reversed(parts))
 
@@ -339,3 +387,35 @@ def _int(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"expected an integer, got {value!r}")
     return value
+
+
+# -- what a refresh changed -------------------------------------------------------
+
+
+@dataclass
+class Changes:
+    """What the kernel must forget when `new` replaces `old` (inodes are shared)."""
+
+    gone: list[tuple[int, bytes, int]] = field(default_factory=list)  # (parent, name, inode)
+    added: list[tuple[int, bytes]] = field(default_factory=list)  # names new or now elsewhere
+    touched: list[int] = field(default_factory=list)  # live in both, attributes changed
+
+    def __bool__(self) -> bool:
+        return bool(self.gone or self.added or self.touched)
+
+
+def changes(old: Tree, new: Tree) -> Changes:
+    found = Changes()
+    for inode in range(1, old._slots + 1):
+        try:
+            before = old.node(inode)
+            after = new.node(inode)
+        except KeyError:
+            continue  # gone: reported through its parent's entry below
+        if before != after:
+            found.touched.append(inode)
+        if before.is_dir:
+            was, now = old._children[inode], new._children[inode]
+            found.gone += [(inode, n, i) for n, i in was.items() if now.get(n) != i]
+            found.added += [(inode, n) for n, i in now.items() if was.get(n) != i]
+    return found

@@ -128,6 +128,9 @@ class GrepService:
         self.sessions = sessions
         self.nursery = nursery
 
+    def swap(self, tree: Tree) -> None:
+        self.tree = tree
+
     async def grep(self, request: dict[str, Any], pid: int) -> dict[str, Any]:
         patterns = _strings(request.get("patterns"), "patterns", MAX_PATTERNS)
         scopes = _strings(request.get("scopes"), "scopes", MAX_SCOPES)
