@@ -179,6 +179,11 @@ def with_store(
     help="Access rules (JSON) giving each path its visibility; default: all public.",
 )
 @click.option(
+    "--manifest",
+    type=click.Path(path_type=Path),
+    help="JSON list of external files (path, url, size, mtime), fetched on first read.",
+)
+@click.option(
     "--checksum", is_flag=True, help="Hash every file instead of trusting unchanged size and mtime."
 )
 @click.option("--break-lock", is_flag=True, help="Remove a lock left by an ingest that died.")
@@ -187,6 +192,7 @@ def ingest_command(
     conn: store.Connection,
     index: str,
     access_file: Path | None,
+    manifest: Path | None,
     checksum: bool,
     break_lock: bool,
 ) -> None:
@@ -197,7 +203,7 @@ def ingest_command(
     async def work(s: store.Store) -> ingest.Summary:
         if break_lock:
             await s.break_lock()
-        return await ingest.ingest(s, src, checksum=checksum, rules=rules)
+        return await ingest.ingest(s, src, checksum=checksum, rules=rules, manifest=manifest)
 
     summary = with_store(conn, index, work)
     click.echo(summary.line(src, index, time.monotonic() - started))

@@ -22,12 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pyfuse3
 import trio
 
 from esfuse.access import Viewer
 from esfuse.cache import ContentCache
 from esfuse.errors import EsfuseError
+from esfuse.external import Fetcher, split_loader
 from esfuse.fs import Operations, invalidate
 from esfuse.grep.service import GrepService, Sessions
 from esfuse.mountinfo import fstype_at
@@ -190,9 +192,14 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
             tree.file_count,
             time.monotonic() - started,
         )
-        content = ContentCache(store.fetch_chunks, pointer.chunk_size, options.cache_bytes)
         socket_path = record_path(options.mountpoint, ".sock")
-        async with trio.open_nursery() as nursery:
+        async with (
+            httpx.AsyncClient(timeout=options.connection.timeout) as http,
+            trio.open_nursery() as nursery,
+        ):
+            fetcher = Fetcher(http, tree)
+            loader = split_loader(store.fetch_chunks, fetcher, pointer.chunk_size)
+            content = ContentCache(loader, pointer.chunk_size, options.cache_bytes)
             sessions = Sessions()
             grep = GrepService(tree, store, content, sessions, nursery)
             ops = Operations(tree, content, nursery, sessions, str(socket_path))

@@ -30,6 +30,7 @@ import trio
 from esfuse import store as layout
 from esfuse.access import Access, Rules
 from esfuse.errors import EsfuseError
+from esfuse.external import load_manifest
 from esfuse.store import Store
 from esfuse.tree import DirRecord, FileRecord, Tree, decode, encode
 
@@ -205,7 +206,7 @@ def access_updates(
     ops: list[dict[str, Any]] = []
     for f in new:
         prior = before.get((f.path, f.digest))
-        if prior is not None and prior != f.access:
+        if prior is not None and prior != f.access and f.url is None:
             ops += [
                 {
                     "update": {
@@ -314,6 +315,8 @@ def referenced(trees: list[list[FileRecord]], chunk_size: int) -> tuple[set[str]
     files: set[str] = set()
     for records in trees:
         for f in records:
+            if f.url is not None:
+                continue
             files.add(layout.file_doc_id(f.path, f.digest))
             chunks.update(
                 layout.chunk_id((f.digest, n))
@@ -363,10 +366,17 @@ def compare(old: list[FileRecord], new: list[FileRecord], summary: Summary) -> l
 
 
 async def ingest(
-    store: Store, src: Path, *, checksum: bool = False, rules: Rules | None = None
+    store: Store,
+    src: Path,
+    *,
+    checksum: bool = False,
+    rules: Rules | None = None,
+    manifest: Path | None = None,
 ) -> Summary:
     """Bring the docs index in line with `src`; see the module docstring for the order."""
-    found = scan(src, rules or Rules())
+    rules = rules or Rules()
+    found = scan(src, rules)
+    externals = load_manifest(manifest, rules) if manifest else []
     for skipped in found.skipped:
         log.warning("skipped %s: not a regular file or directory", skipped)
     await store.ensure_indices()
@@ -381,11 +391,12 @@ async def ingest(
         old: list[FileRecord] = []
         if previous is not None:
             old = decode((await store.tree_document(previous))[1])[1]
-        files = with_digests(found, old, checksum)
+        files = with_digests(found, old, checksum) + externals
         Tree(found.dirs, files)  # refuse an inconsistent tree before writing anything
         summary = Summary(files=len(files), bytes=sum(f.size for f in files))
-        todo = compare(old, files, summary)
-        chunk_access = union_by_digest(files)
+        # External files have no documents: their bytes are fetched by the mounts.
+        todo = [f for f in compare(old, files, summary) if f.url is None]
+        chunk_access = union_by_digest([f for f in files if f.url is None])
         have = {f.digest for f in old}
         summary.uploaded_bytes = await upload(store, src, todo, chunk_access, have)
         updates = access_updates(store, old, files, chunk_access)

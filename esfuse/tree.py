@@ -35,6 +35,7 @@ class FileRecord:
     mtime_ns: int
     digest: str
     access: Access = PUBLIC
+    url: str | None = None  # content outside Elasticsearch, fetched on first read
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,7 @@ class Tree:
         self.total_size = 0
         self.file_count = 0
         self.inode_count = 1
+        self.externals: dict[str, tuple[str, int]] = {}  # digest -> (URL, size)
         for d in dirs:
             self._mtimes[self._ensure_dir(d.path) - 1] = d.mtime_ns
         for f in files:
@@ -182,6 +184,8 @@ class Tree:
             raise TreeError(f"negative size for {f.path!r}")
         parent = self._ensure_dir("/".join(parts[:-1]))
         self._new_inode(parent, parts[-1], f.mtime_ns, f.size, f.digest)
+        if f.url is not None:
+            self.externals[f.digest] = (f.url, f.size)
         self.total_size += f.size
         self.file_count += 1
 
@@ -222,9 +226,14 @@ class Tree:
             listing = self._listings[inode] = list(self._children[inode].items())
         return listing
 
-    def larger_than(self, size: int) -> list[int]:
-        """Inodes of the files of more than `size` bytes (directories have size 0)."""
-        return [i + 1 for i, s in enumerate(self._sizes) if s > size]
+    def unindexed(self, size: int) -> list[int]:
+        """Inodes of files the text index cannot answer for: larger than `size` bytes
+        (directories have size 0), or external."""
+        return [
+            i + 1
+            for i, (s, d) in enumerate(zip(self._sizes, self._digests, strict=True))
+            if s > size or d in self.externals
+        ]
 
     def resolve(self, path: str) -> int | None:
         """The inode at a relative path, or None."""
@@ -267,7 +276,9 @@ class Tree:
 
     def _record(self, inode: int, path: str) -> FileRecord:
         i = self._check(inode)
-        return FileRecord(path, self._sizes[i], self._mtimes[i], self._digests[i] or "")
+        digest = self._digests[i] or ""
+        url = self.externals[digest][0] if digest in self.externals else None
+        return FileRecord(path, self._sizes[i], self._mtimes[i], digest, PUBLIC, url)
 
     def dirs(self) -> Iterator[DirRecord]:
         yield DirRecord("", self._mtimes[0])
@@ -300,7 +311,11 @@ def encode(dirs: Iterable[DirRecord], files: Iterable[FileRecord]) -> bytes:
     doc = {
         "format": FORMAT,
         "dirs": [[d.path, d.mtime_ns, ref(d.access)] for d in dirs],
-        "files": [[f.path, f.size, f.mtime_ns, f.digest, ref(f.access)] for f in files],
+        "files": [
+            [f.path, f.size, f.mtime_ns, f.digest, ref(f.access)]
+            + ([f.url] if f.url is not None else [])
+            for f in files
+        ],
     }
     doc["access"] = [[a.public, list(a.groups)] for a in table]
     # ensure_ascii keeps names that are not valid UTF-8 (surrogate escapes) encodable.
@@ -319,10 +334,7 @@ def decode(blob: bytes) -> tuple[list[DirRecord], list[FileRecord]]:
     try:
         table = [Access(_bool(p), tuple(_str(g) for g in gs)) for p, gs in doc["access"]]
         dirs = [DirRecord(_str(p), _int(m), table[_int(a)]) for p, m, a in doc["dirs"]]
-        files = [
-            FileRecord(_str(p), _int(s), _int(m), _str(d), table[_int(a)])
-            for p, s, m, d, a in doc["files"]
-        ]
+        files = [_file(entry, table) for entry in doc["files"]]
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise TreeError(f"tree document is corrupt: bad record ({e})") from None
     return dirs, files
@@ -369,6 +381,14 @@ def _ancestors(paths: Iterable[str]) -> set[str]:
 def load(blob: bytes, viewer: Viewer) -> Tree:
     """The tree `viewer` may see, from a tree document."""
     return Tree(*visible(*decode(blob), viewer))
+
+
+def _file(entry: list[object], table: list[Access]) -> FileRecord:
+    if not 5 <= len(entry) <= 6:
+        raise ValueError(f"a file record has {len(entry)} fields")
+    url = _str(entry[5]) if len(entry) == 6 else None
+    path, size, mtime, digest, access = entry[:5]
+    return FileRecord(_str(path), _int(size), _int(mtime), _str(digest), table[_int(access)], url)
 
 
 def _bool(value: object) -> bool:

@@ -141,6 +141,8 @@ def test_any_consistent_set_of_paths_round_trips(paths):
         assert tree.path(tree.resolve(f.path)) == f.path
 
 
-def test_larger_than_lists_files_only(tree):
-    assert sorted(tree.path(i) for i in tree.larger_than(4)) == ["a/x.md", "café/naïve résumé.md"]
-    assert tree.larger_than(100) == []
+def test_unindexed_lists_large_and_external_files_only(tree):
+    assert sorted(tree.path(i) for i in tree.unindexed(4)) == ["a/x.md", "café/naïve résumé.md"]
+    assert tree.unindexed(100) == []
+    ext = Tree([], [FileRecord("x.json", 1, 1, "ext-1", url="file:///x"), *FILES])
+    assert [ext.path(i) for i in ext.unindexed(100)] == ["x.json"]

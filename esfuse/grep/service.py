@@ -15,7 +15,6 @@ allows.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -123,6 +122,8 @@ class GrepService:
         nursery: trio.Nursery,
     ) -> None:
         self.tree = tree
+        # Files the text index cannot answer for: candidates for every pattern.
+        self._unindexed = tree.unindexed(TEXT_LIMIT)
         self.store = store
         self.content = content
         self.sessions = sessions
@@ -130,6 +131,7 @@ class GrepService:
 
     def swap(self, tree: Tree) -> None:
         self.tree = tree
+        self._unindexed = tree.unindexed(TEXT_LIMIT)
 
     async def grep(self, request: dict[str, Any], pid: int) -> dict[str, Any]:
         patterns = _strings(request.get("patterns"), "patterns", MAX_PATTERNS)
@@ -177,11 +179,6 @@ class GrepService:
             if inode is not None and self.tree.node(inode).digest == digest:
                 inodes.append(inode)
         return inodes
-
-    @functools.cached_property
-    def _unindexed(self) -> list[int]:
-        """Files too large for the text index: candidates for every pattern."""
-        return self.tree.larger_than(TEXT_LIMIT)
 
     def _narrow(self, pid: int, visible: frozenset[int]) -> None:
         """Show `pid` only `visible` until it exits (watched through a pidfd)."""
