@@ -137,12 +137,20 @@ def test_readers_never_see_a_mix_of_two_versions(live):
         stdout=subprocess.PIPE,
         text=True,
     )
+    grepper = subprocess.Popen(
+        ["bash", "-c", f"until [ -e {stop} ]; do grep -rc b {m} || [ $? = 1 ] || exit 9; done"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for n in range(6):
         (src / "a.md").write_bytes(versions[(n + 1) % 2])
         assert d.ingest().returncode == 0
         time.sleep(0.5)
     stop.touch()
     out, _ = reader.communicate(timeout=120)
+    _, errors = grepper.communicate(timeout=120)
+    assert grepper.returncode == 0 and errors == "", errors
     allowed = {hashlib.md5(v).hexdigest() for v in versions}
     seen = {line.split()[0] for line in out.splitlines()}
     assert seen <= allowed and len(seen) == 2, seen
