@@ -16,7 +16,6 @@ with its groups; or everything (`--all`, for operators).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from esfuse.errors import EsfuseError
+from esfuse.userfiles import read_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,12 +127,7 @@ class Rules:
 
     @classmethod
     def load(cls, path: Path) -> Rules:
-        try:
-            doc = json.loads(path.read_text())
-        except OSError as e:
-            raise EsfuseError(f"cannot read access rules {path}: {e.strerror}") from None
-        except ValueError as e:
-            raise EsfuseError(f"access rules {path} are not valid JSON: {e}") from None
+        doc = read_json(path, "access rules")
         if not isinstance(doc, dict) or not isinstance(doc.get("rules", []), list):
             raise EsfuseError(f"access rules {path}: expected {{'default': ..., 'rules': [...]}}")
         default = _access(doc.get("default", {}), f"{path}: default")

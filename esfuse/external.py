@@ -15,7 +15,6 @@ the reader) rather than bytes that disagree with `st_size`.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Sequence
 from datetime import datetime
@@ -29,6 +28,7 @@ from esfuse.access import Rules
 from esfuse.cache import Loader
 from esfuse.errors import EsfuseError, StoreError
 from esfuse.tree import FileRecord, Tree
+from esfuse.userfiles import read_json
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +57,7 @@ def _mtime_ns(value: object, where: str) -> int:
 
 
 def load_manifest(path: Path, rules: Rules) -> list[FileRecord]:
-    try:
-        entries = json.loads(path.read_text())
-    except OSError as e:
-        raise EsfuseError(f"cannot read manifest {path}: {e.strerror}") from None
-    except ValueError as e:
-        raise EsfuseError(f"manifest {path} is not valid JSON: {e}") from None
+    entries = read_json(path, "manifest")
     if not isinstance(entries, list):
         raise EsfuseError(f"manifest {path} must be a JSON list of entries")
     records = []
