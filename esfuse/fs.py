@@ -224,7 +224,7 @@ class Operations(pyfuse3.Operations):
 
     @boundary
     async def access(self, inode: int, mode: int, ctx: Any) -> bool:
-        self.tree.node(inode)
+        self.node(inode)
         return not mode & os.W_OK
 
     @boundary

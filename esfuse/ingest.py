@@ -29,9 +29,9 @@ import trio
 
 from esfuse import store as layout
 from esfuse.access import Access, Rules
-from esfuse.errors import EsfuseError
+from esfuse.errors import EsfuseError, TreeError
 from esfuse.external import load_manifest
-from esfuse.store import Store
+from esfuse.store import Pointer, Store
 from esfuse.tree import DirRecord, FileRecord, Tree, decode, encode
 
 log = logging.getLogger(__name__)
@@ -365,6 +365,18 @@ def compare(old: list[FileRecord], new: list[FileRecord], summary: Summary) -> l
     return todo
 
 
+async def previous_files(store: Store, previous: Pointer | None) -> list[FileRecord]:
+    """The published files; none when the published tree cannot be read (corrupt, or from
+    an incompatible esfuse), so that ingest can publish a good one over it."""
+    if previous is None:
+        return []
+    try:
+        return decode((await store.tree_document(previous))[1])[1]
+    except TreeError as e:
+        log.warning("the published tree cannot be used (%s); uploading everything again", e)
+        return []
+
+
 async def ingest(
     store: Store,
     src: Path,
@@ -388,9 +400,7 @@ async def ingest(
                 f"index {store.name!r} uses chunks of {previous.chunk_size} bytes; "
                 f"this esfuse writes {layout.CHUNK_SIZE}: ingest into a new index"
             )
-        old: list[FileRecord] = []
-        if previous is not None:
-            old = decode((await store.tree_document(previous))[1])[1]
+        old = await previous_files(store, previous)
         files = with_digests(found, old, checksum) + externals
         Tree(found.dirs, files)  # refuse an inconsistent tree before writing anything
         summary = Summary(files=len(files), bytes=sum(f.size for f in files))

@@ -35,7 +35,7 @@ from elasticsearch import AsyncElasticsearch
 
 from esfuse import tree as treedoc
 from esfuse.access import EVERYTHING, Viewer
-from esfuse.errors import StoreError
+from esfuse.errors import StoreError, TreeError
 
 log = logging.getLogger(__name__)
 
@@ -221,9 +221,12 @@ class Store:
         ids = [f"tree-{pointer.version}-{n}" for n in range(pointer.parts)]
         with self._backend(f"reading tree version {pointer.version}"):
             resp = await self.client.mget(index=self.index("meta"), ids=ids)
-        blob = b"".join(_decoded(doc, "data", "tree part") for doc in resp["docs"])
+        try:
+            blob = b"".join(_decoded(doc, "data", "tree part") for doc in resp["docs"])
+        except StoreError as e:
+            raise TreeError(str(e)) from None  # a damaged tree, not a failing cluster
         if hashlib.sha256(blob).hexdigest() != pointer.sha256:
-            raise StoreError(f"tree version {pointer.version} of {self.name!r} fails its checksum")
+            raise TreeError(f"tree version {pointer.version} of {self.name!r} fails its checksum")
         return pointer, blob
 
     async def load_tree(self, viewer: Viewer) -> tuple[Pointer, treedoc.Tree]:

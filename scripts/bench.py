@@ -35,7 +35,11 @@ PATTERNS = {"mintlify-docs": ("Pagination", "the"), "tldr-pages": ("ffmpeg", "th
 
 
 def sh(*args: object, **kwargs: object) -> subprocess.CompletedProcess:
-    return subprocess.run([str(a) for a in args], check=True, capture_output=True, **kwargs)
+    done = subprocess.run([str(a) for a in args], capture_output=True, **kwargs)
+    if done.returncode:
+        err = done.stderr if isinstance(done.stderr, str) else done.stderr.decode()
+        sys.exit(f"bench: {' '.join(map(str, args))} failed: {err.strip()}")
+    return done
 
 
 def timed(*args: object, cwd: Path) -> float:

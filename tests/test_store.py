@@ -194,3 +194,15 @@ def test_a_held_lock_refuses_a_second_ingest(small):
     )
     one_line_error(small.ingest(), "holds the lock", "--break-lock")
     assert small.ingest("--break-lock").returncode == 0
+
+
+def test_a_damaged_published_tree_is_replaced_by_the_next_ingest(small):
+    assert small.ingest().returncode == 0
+    small.es.index(
+        index=f"{small.name}-meta", id="tree-1-0", document={"data": "AAAA"}, refresh=True
+    )
+    done = small.ingest()
+    assert done.returncode == 0, done.stderr
+    assert "cannot be used" in done.stderr and "3 added" in done.stdout
+    _, tree = with_store(small, lambda s: s.load_tree(EVERYTHING))
+    assert tree.file_count == 3

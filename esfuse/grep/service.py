@@ -148,10 +148,9 @@ class GrepService:
             )
         )
         tops = scope_inodes(self.tree, scopes)
-        if not tops:
+        if not tops:  # no operand exists: grep will say so, and reads nothing here
             candidates: list[FileRecord] = []
             mode = "all" if isinstance(query, plan.All) else "filtered"
-            self._narrow(pid, frozenset())
         elif isinstance(query, plan.All):
             candidates = [f for _, f in files_in(self.tree, tops)]
             mode = "all"
