@@ -7,7 +7,9 @@ status 1; usage errors are click's, with status 2.
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import os
 import re
 import sys
 import time
@@ -18,7 +20,7 @@ from typing import Any, TypeVar
 import click
 import trio
 
-from esfuse import daemon, ingest, store
+from esfuse import daemon, ingest, protocol, store
 from esfuse.access import EVERYTHING, Rules, Viewer
 from esfuse.errors import EsfuseError
 
@@ -281,3 +283,41 @@ def mount_command(
 def umount_command(mountpoint: Path) -> None:
     """Unmount MOUNTPOINT and wait for its daemon to exit."""
     daemon.umount(mountpoint)
+
+
+@main.command("status")
+@click.argument("mountpoint", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the daemon's answer as JSON.")
+def status_command(mountpoint: Path, as_json: bool) -> None:
+    """What the daemon serving MOUNTPOINT is doing: tree, cache, requests."""
+    try:
+        path = os.getxattr(mountpoint, protocol.XATTR).decode("utf-8", "surrogateescape")
+        answer = protocol.call(path, {"op": "status"}, 10.0)
+    except (OSError, EsfuseError) as e:
+        raise EsfuseError(f"{mountpoint}: no esfuse daemon answers ({e})") from None
+    if not answer.get("ok"):
+        raise EsfuseError(f"{mountpoint}: {answer.get('error')}")
+    if as_json:
+        click.echo(json.dumps(answer, indent=2, sort_keys=True))
+        return
+    hits, misses = answer["cache_hits"], answer["cache_misses"]
+    rate = f"{100 * hits / (hits + misses):.0f}%" if hits + misses else "n/a"
+    requests = ", ".join(f"{n} {k}" for k, n in sorted(answer["requests"].items())) or "none"
+    latency = ", ".join(f"{k} {v} ms" for k, v in answer["latency_ms"].items()) or "n/a"
+    for label, value in [
+        ("index", answer["index"]),
+        (
+            "tree",
+            f"version {answer['tree_version']}, {answer['files']} files, "
+            f"loaded {answer['tree_age']:.0f} s ago",
+        ),
+        ("last refresh error", answer["last_refresh_error"] or "none"),
+        (
+            "cache",
+            f"{answer['cache_bytes'] / 1e6:.1f} MB, hit rate {rate} ({hits} hits, {misses} misses)",
+        ),
+        ("requests", requests),
+        ("latency", latency),
+        ("uptime", f"{answer['uptime']:.0f} s"),
+    ]:
+        click.echo(f"{label:<19} {value}")

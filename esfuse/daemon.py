@@ -180,6 +180,7 @@ def _detach_stdio() -> None:
 
 async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
     """Load the tree, mount, serve until unmounted or signalled."""
+    started_at = time.time()
     client = connect(options.connection)
     try:
         store = Store(client, options.index, options.connection.where, options.viewer)
@@ -217,7 +218,7 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
                 return await grep.grep(request, peer.pid)
 
             async def status_op(request: dict[str, Any], peer: Peer) -> dict[str, Any]:
-                return status(store, refresher, content)
+                return status(store, refresher, content, started_at)
 
             control = ControlServer({"grep": grep_op, "status": status_op})
             listener = await bind(socket_path)
@@ -246,13 +247,18 @@ async def _serve_mounted(options: MountOptions) -> None:
         log.info("unmounted %s", options.mountpoint)
 
 
-def status(store: Store, refresher: Refresher, content: ContentCache) -> dict[str, Any]:
+def status(
+    store: Store, refresher: Refresher, content: ContentCache, started: float
+) -> dict[str, Any]:
     return {
+        "uptime": round(time.time() - started, 3),
+        "index": store.name,
         "files": refresher.tree.file_count,
         "tree_version": refresher.version,
         "tree_age": round(time.time() - refresher.loaded_at, 3),
         "last_refresh_error": refresher.last_error,
         "requests": dict(store.requests),
+        "latency_ms": store.latency_ms(),
         "cache_bytes": content.chunks.current_bytes,
         "cache_hits": content.chunks.hits,
         "cache_misses": content.chunks.misses,

@@ -24,7 +24,7 @@ import hashlib
 import logging
 import re
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
@@ -182,14 +182,36 @@ class Store:
         # Every read for a mount carries this filter, so that Elasticsearch itself
         # withholds what the mount may not see (the tree is pruned as well).
         self.viewer = viewer
-        # Reads made for a mount, by kind: what `status` reports and tests count.
+        # Reads made for a mount, by kind, and their latest durations: for `status`.
         self.requests: Counter[str] = Counter()
+        self.latencies: deque[float] = deque(maxlen=1024)
 
     def index(self, kind: str) -> str:
         return f"{self.name}-{kind}"
 
     def _backend(self, what: str) -> Any:
         return backend(what, self.url)
+
+    @contextmanager
+    def _read(self, kind: str, what: str) -> Iterator[None]:
+        """A counted, timed read for the mount, failing as a StoreError."""
+        self.requests[kind] += 1
+        started = time.monotonic()
+        try:
+            with self._backend(what):
+                yield
+        finally:
+            self.latencies.append(time.monotonic() - started)
+
+    def latency_ms(self) -> dict[str, float]:
+        """Percentiles of the recent reads' durations, in milliseconds."""
+        ordered = sorted(self.latencies)
+        if not ordered:
+            return {}
+        return {
+            f"p{q}": round(1000 * ordered[min(len(ordered) - 1, len(ordered) * q // 100)], 2)
+            for q in (50, 90, 99)
+        }
 
     # -- reading ---------------------------------------------------------------
 
@@ -236,10 +258,9 @@ class Store:
 
     async def fetch_chunks(self, keys: Sequence[ChunkKey]) -> dict[ChunkKey, bytes]:
         """Content chunks by key, in one request, filtered to what the viewer may see."""
-        self.requests["content"] += 1
         ids = [chunk_id(k) for k in keys]
         visible = self.viewer.es_filter()
-        with self._backend("reading content"):
+        with self._read("content", "reading content"):
             if visible is None:
                 docs = (await self.client.mget(index=self.index("chunks"), ids=ids))["docs"]
             else:
@@ -300,8 +321,7 @@ class Store:
         found: set[tuple[str, str]] = set()
         after: list[Any] | None = None
         while True:
-            self.requests["search"] += 1
-            with self._backend("searching"):
+            with self._read("search", "searching"):
                 resp = await self.client.search(
                     index=self.index("files"),
                     query=body,

@@ -346,6 +346,10 @@ def visible(
     """The records `viewer` may see. A directory holding files shows only if one of them
     does; a directory holding none (empty, or only empty directories) follows its own rule
     and those of its ancestors, so that it cannot reveal a hidden parent."""
+    # Decoded records share their Access objects: a handful to test, usually all seen.
+    accesses = {id(r.access): r.access for r in (*dirs, *files)}
+    if all(viewer.sees(a) for a in accesses.values()):
+        return dirs, files
     shown = [f for f in files if viewer.sees(f.access)]
     holds_files = _ancestors(f.path for f in files)
     holds_shown = _ancestors(f.path for f in shown)

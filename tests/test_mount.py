@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import subprocess
@@ -320,3 +321,17 @@ def test_a_backend_failure_is_eio_and_the_mount_keeps_serving(es_url, es, tmp_pa
     finally:
         unmount(mountpoint)
         d.drop()
+
+
+def test_status_reports_the_tree_cache_and_requests(mounted, docs):
+    (mounted / "guide" / "auth.md").read_bytes()
+    done = esfuse("status", mounted, "--json")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["index"] == docs.name and answer["files"] > 5000
+    assert answer["tree_version"] == 1 and answer["last_refresh_error"] is None
+    assert answer["requests"]["content"] >= 1 and set(answer["latency_ms"]) == {"p50", "p90", "p99"}
+    human = esfuse("status", mounted)
+    assert human.returncode == 0 and f"index               {docs.name}" in human.stdout
+    assert "hit rate" in human.stdout
+    one_line_error(esfuse("status", mounted.parent), "no esfuse daemon answers")
