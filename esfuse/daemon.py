@@ -10,12 +10,14 @@ small record in the runtime directory, keyed by its mountpoint, so that
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ from esfuse.errors import EsfuseError
 from esfuse.external import Fetcher, split_loader
 from esfuse.fs import Operations, invalidate
 from esfuse.grep.service import GrepService, Sessions
-from esfuse.mountinfo import fstype_at
+from esfuse.mountinfo import FSTYPE, fstype_at
 from esfuse.refresh import Refresher
 from esfuse.server import ControlServer, Peer, bind
 from esfuse.store import Connection, Store, connect
@@ -99,6 +101,8 @@ def read_record(mountpoint: Path) -> dict[str, Any] | None:
 
 def check_mountpoint(path: Path) -> Path:
     mountpoint = Path(os.path.abspath(path))
+    if fstype_at(mountpoint) == FSTYPE and _dead(mountpoint):
+        _clear_dead(mountpoint)
     if fstype_at(mountpoint):
         raise EsfuseError(f"{mountpoint} is already a mount point")
     if not mountpoint.exists():
@@ -108,6 +112,31 @@ def check_mountpoint(path: Path) -> Path:
     if any(mountpoint.iterdir()):
         raise EsfuseError(f"mountpoint {mountpoint} is not empty")
     return mountpoint
+
+
+def _dead(mountpoint: Path) -> bool:
+    """A FUSE mount whose daemon is gone answers "Transport endpoint is not connected"."""
+    try:
+        os.stat(mountpoint)
+    except OSError as e:
+        return e.errno == errno.ENOTCONN
+    return False
+
+
+def _clear_dead(mountpoint: Path) -> None:
+    done = subprocess.run(
+        ["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True, text=True, check=False
+    )
+    if done.returncode:
+        raise EsfuseError(
+            f"{mountpoint} holds a dead esfuse mount that cannot be cleared: {done.stderr.strip()}"
+        )
+    for suffix in (".json", ".sock"):
+        record_path(mountpoint, suffix).unlink(missing_ok=True)
+    print(
+        f"esfuse: cleared a dead esfuse mount at {mountpoint} (its daemon had died)",
+        file=sys.stderr,
+    )
 
 
 def mount(options: MountOptions, *, foreground: bool) -> None:

@@ -335,3 +335,24 @@ def test_status_reports_the_tree_cache_and_requests(mounted, docs):
     assert human.returncode == 0 and f"index               {docs.name}" in human.stdout
     assert "hit rate" in human.stdout
     one_line_error(esfuse("status", mounted.parent), "no esfuse daemon answers")
+
+
+def test_a_mount_whose_daemon_was_killed_is_cleared_by_the_next_mount(docs, tmp_path):
+    mountpoint = mount_or_fail(docs, tmp_path / "m")
+    os.kill(read_record(mountpoint)["pid"], 9)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.stat(mountpoint)
+        except OSError as e:
+            assert e.errno == errno.ENOTCONN
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    done = docs.mount(mountpoint)
+    try:
+        assert done.returncode == 0, done.stderr
+        assert "cleared a dead esfuse mount" in done.stderr
+        assert (mountpoint / "README.md").read_bytes() == (docs.src / "README.md").read_bytes()
+    finally:
+        unmount(mountpoint)
