@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -144,7 +145,7 @@ def mount(options: MountOptions, *, foreground: bool) -> None:
     mountpoint = check_mountpoint(options.mountpoint)
     options = MountOptions(**{**options.__dict__, "mountpoint": mountpoint})
     if foreground:
-        trio.run(serve, options, lambda: None)
+        trio.run(serve, options, notify_systemd)
         return
     read_end, write_end = os.pipe()
     if os.fork():
@@ -170,6 +171,7 @@ def _run_daemon(options: MountOptions, write_end: int) -> None:
     _log_to(log_file)
 
     def ready() -> None:
+        notify_systemd()
         os.write(write_end, b"ready")
         os.close(write_end)
         _detach_stdio()
@@ -188,6 +190,20 @@ def _run_daemon(options: MountOptions, write_end: int) -> None:
     finally:
         logging.shutdown()
         os._exit(code)
+
+
+def notify_systemd() -> None:
+    """Tell systemd (Type=notify) that the mount answers; nothing outside systemd."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]  # an abstract socket
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.sendto(b"READY=1", address)
+        except OSError as e:
+            log.warning("cannot notify systemd at %s: %s", address, e)
 
 
 def _log_to(log_file: Path) -> None:
