@@ -1,17 +1,20 @@
-"""Running it for real: the systemd unit, readiness notification."""
+"""Running it for real: the systemd unit, readiness, surviving a cluster outage."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+from elasticsearch import Elasticsearch
 
-from tests.conftest import ESFUSE, REPO, run, unmount
+from tests.conftest import ESFUSE, REPO, Docs, mount_or_fail, run, unmount
 
 
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed")
@@ -47,3 +50,56 @@ def test_a_foreground_mount_notifies_systemd_once_it_answers(docs, tmp_path):
             if proc.poll() is None:
                 proc.kill()
                 unmount(mountpoint)
+
+
+@pytest.fixture
+def own_node(tmp_path):
+    """A second, private Elasticsearch node this test may stop and start."""
+    es_dev = REPO / "scripts" / "es-dev"
+    port, data = "9251", tmp_path / "es-data"
+
+    def start() -> str:
+        done = run(es_dev, "start", "--port", port, "--data", data, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip().splitlines()[-1]
+
+    def stop() -> None:
+        assert run(es_dev, "stop", "--port", port).returncode == 0
+
+    yield start, stop
+    stop()
+
+
+def test_surviving_elasticsearch_going_away_and_coming_back(own_node, tmp_path):
+    start, stop = own_node
+    url = start()
+    src = tmp_path / "src"
+    for rel in ("cached/one.md", "uncached/two.md"):
+        (src / rel).parent.mkdir(parents=True)
+        (src / rel).write_text(f"{rel} token\n")
+    with Elasticsearch(url) as client:
+        d = Docs(url, client, src, prefix="faults")
+        assert d.ingest().returncode == 0
+    mountpoint = mount_or_fail(d, tmp_path / "m", "--timeout", "2")
+    try:
+        assert (mountpoint / "cached" / "one.md").read_text() == "cached/one.md token\n"
+        stop()
+        assert (mountpoint / "cached" / "one.md").read_text() == "cached/one.md token\n"
+        started = time.monotonic()
+        with pytest.raises(OSError) as raised:
+            (mountpoint / "uncached" / "two.md").read_bytes()
+        assert raised.value.errno == errno.EIO and time.monotonic() - started < 15
+        done = run(Path(ESFUSE[0]).parent / "esgrep", "-r", "token", mountpoint, text=True)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1
+        assert "cannot reach Elasticsearch" in done.stderr
+        start()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert (mountpoint / "uncached" / "two.md").read_text() == "uncached/two.md token\n"
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "reads did not come back"
+                time.sleep(0.5)
+    finally:
+        unmount(mountpoint)
