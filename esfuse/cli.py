@@ -22,6 +22,7 @@ import trio
 
 from esfuse import daemon, ingest, protocol, store
 from esfuse.access import EVERYTHING, Rules, Viewer
+from esfuse.config import default_map
 from esfuse.errors import EsfuseError
 
 log = logging.getLogger(__name__)
@@ -143,9 +144,19 @@ class Cli(click.Group):
 @click.group(cls=Cli)
 @click.option("-v", "--verbose", is_flag=True, help="Log progress (INFO).")
 @click.option("--debug", is_flag=True, help="Log everything (DEBUG).")
+@click.option(
+    "--config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="ESFUSE_CONFIG",
+    help="TOML settings (under flags and ESFUSE_* variables; env ESFUSE_CONFIG).",
+)
 @click.version_option(package_name="esfuse")
-def main(verbose: bool, debug: bool) -> None:
+@click.pass_context
+def main(ctx: click.Context, verbose: bool, debug: bool, config: Path | None) -> None:
     """Mount documentation stored in Elasticsearch as a read-only file tree."""
+    if config is not None:
+        assert isinstance(ctx.command, click.Group)
+        ctx.default_map = default_map(config, ctx.command)
     level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if not debug:
