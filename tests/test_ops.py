@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from elasticsearch import Elasticsearch
 
+from esfuse.errors import EsfuseError
+from esfuse.mounthelper import translate
 from tests.conftest import ESFUSE, REPO, Docs, mount_or_fail, run, unmount
 
 
@@ -101,5 +103,44 @@ def test_surviving_elasticsearch_going_away_and_coming_back(own_node, tmp_path):
             except OSError:
                 assert time.monotonic() < deadline, "reads did not come back"
                 time.sleep(0.5)
+    finally:
+        unmount(mountpoint)
+
+
+def test_mount_helper_options_become_esfuse_arguments():
+    assert translate(
+        ["docs", "/mnt/docs", "-o", "ro,_netdev,es=http://h:1,groups=a,all", "-n"]
+    ) == ["mount", "/mnt/docs", "--index", "docs", "--es", "http://h:1", "--groups", "a", "--all"]
+    assert translate(["d", "/m", "-o", "config=/etc/e.toml,refresh=5,x-systemd.automount"]) == [
+        "--config",
+        "/etc/e.toml",
+        "mount",
+        "/m",
+        "--index",
+        "d",
+        "--refresh",
+        "5",
+    ]
+    for bad in (["d", "/m", "-o", "frobnicate=1"], ["d"], ["d", "/m", "-Q"], ["d", "/m", "-o"]):
+        with pytest.raises(EsfuseError):
+            translate(bad)
+
+
+@pytest.mark.skipif(
+    not Path("/usr/sbin/mount.fuse.esfuse").exists(),
+    reason="scripts/setup installs the fstab helper (as root)",
+)
+def test_an_fstab_line_mounts_with_mount_a(docs, tmp_path):
+    mountpoint = tmp_path / "m"
+    mountpoint.mkdir()
+    fstab = tmp_path / "fstab"
+    fstab.write_text(
+        f"{docs.name} {mountpoint} fuse.esfuse ro,_netdev,es={docs.url},refresh=0 0 0\n"
+    )
+    done = run("mount", "-a", "-T", fstab, text=True)
+    try:
+        assert done.returncode == 0, done.stderr
+        assert (mountpoint / "README.md").read_bytes() == (docs.src / "README.md").read_bytes()
+        assert "fuse.esfuse" in run("findmnt", "-n", "-o", "FSTYPE", mountpoint, text=True).stdout
     finally:
         unmount(mountpoint)
