@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import click
 import trio
 
-from esfuse import daemon, ingest, protocol, store
+from esfuse import daemon, ingest, protocol, sandbox, store
 from esfuse.access import EVERYTHING, Rules, Viewer
 from esfuse.config import default_map
 from esfuse.errors import EsfuseError
@@ -332,3 +332,11 @@ def status_command(mountpoint: Path, as_json: bool) -> None:
         ("uptime", f"{answer['uptime']:.0f} s"),
     ]:
         click.echo(f"{label:<19} {value}")
+
+
+@main.command("sandbox", context_settings={"ignore_unknown_options": True})
+@click.argument("mountpoint", type=click.Path(path_type=Path))
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def sandbox_command(mountpoint: Path, command: tuple[str, ...]) -> None:
+    """Run COMMAND (after --) confined with bubblewrap: the docs at /docs, no network."""
+    sandbox.run(mountpoint, list(command))

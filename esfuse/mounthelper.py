@@ -16,11 +16,41 @@ import sys
 
 from esfuse.errors import EsfuseError
 
-GENERIC = {"ro", "rw", "defaults", "auto", "noauto", "user", "nouser", "users", "nofail",
-           "_netdev", "noatime", "nodiratime", "relatime", "nosuid", "nodev", "noexec", "exec",
-           "suid", "dev", "sync", "async", "ignore"}
-VALUED = {"es", "groups", "cache-size", "refresh", "timeout", "api-key-file", "ca-certs",
-          "cloud-id", "log-file"}
+GENERIC = {
+    "ro",
+    "rw",
+    "defaults",
+    "auto",
+    "noauto",
+    "user",
+    "nouser",
+    "users",
+    "nofail",
+    "_netdev",
+    "noatime",
+    "nodiratime",
+    "relatime",
+    "nosuid",
+    "nodev",
+    "noexec",
+    "exec",
+    "suid",
+    "dev",
+    "sync",
+    "async",
+    "ignore",
+}
+VALUED = {
+    "es",
+    "groups",
+    "cache-size",
+    "refresh",
+    "timeout",
+    "api-key-file",
+    "ca-certs",
+    "cloud-id",
+    "log-file",
+}
 FLAGS = {"all": "--all", "allow_other": "--allow-other"}
 
 
