@@ -1,11 +1,29 @@
-# esfuse daemon image. Run with FUSE access, e.g.
-#   docker run --device /dev/fuse --cap-add SYS_ADMIN -e ESFUSE_ES=http://es:9200 esfuse
-FROM python:3.11-slim-bookworm
+# esfuse daemon image: mounts one docs index at /mnt/docs in the foreground.
+#   docker build -t esfuse .
+#   docker run --rm --device /dev/fuse --cap-add SYS_ADMIN \
+#     --security-opt apparmor:unconfined \
+#     -e ESFUSE_ES=http://es:9200 -e ESFUSE_INDEX=docs esfuse
+# The packages are the ones scripts/setup installs for the same purpose.
+
+FROM python:3.11.10-slim-bookworm AS build
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends fuse3 libfuse3-dev pkg-config gcc \
-    && rm -rf /var/lib/apt/lists/*
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY esfuse ./esfuse
-RUN pip install --no-cache-dir . && mkdir -p /mnt/docs
+    && apt-get install -y --no-install-recommends \
+        libfuse3-dev=3.14.0-4 pkg-config=1.8.1-1 gcc=4:12.2.0-3 \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 1000 builder \
+    && install -d -o builder /opt/esfuse
+USER 1000
+WORKDIR /home/builder/src
+COPY --chown=builder pyproject.toml README.md ./
+COPY --chown=builder esfuse ./esfuse
+RUN python -m venv /opt/esfuse && /opt/esfuse/bin/pip install --no-cache-dir .
+
+FROM python:3.11.10-slim-bookworm
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends fuse3=3.14.0-4 \
+    && rm -rf /var/lib/apt/lists/* \
+    && mkdir -p /mnt/docs
+COPY --from=build /opt/esfuse /opt/esfuse
+ENV PATH=/opt/esfuse/bin:$PATH
+# Mounting needs CAP_SYS_ADMIN and /dev/fuse: the daemon runs as root in its container.
 ENTRYPOINT ["esfuse", "mount", "--foreground", "/mnt/docs"]

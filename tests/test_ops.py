@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import signal
 import socket
@@ -144,3 +145,14 @@ def test_an_fstab_line_mounts_with_mount_a(docs, tmp_path):
         assert "fuse.esfuse" in run("findmnt", "-n", "-o", "FSTYPE", mountpoint, text=True).stdout
     finally:
         unmount(mountpoint)
+
+
+def test_the_dockerfile_lints_clean_and_installs_what_setup_installs():
+    hadolint = Path(ESFUSE[0]).parent / "hadolint"
+    done = run(hadolint, REPO / "Dockerfile", text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    dockerfile = (REPO / "Dockerfile").read_text()
+    setup = (REPO / "scripts" / "setup").read_text()
+    for package in re.findall(r"\b([a-z0-9.+-]+)=[0-9:.+~-]+", dockerfile):
+        assert re.search(rf"\b{re.escape(package)}\b", setup.split("packages=(")[1].split(")")[0])
+    assert "pip install" in dockerfile and "pip install" in setup
