@@ -259,6 +259,11 @@ def _viewer(groups: str | None, everything: bool) -> Viewer:
     help="Let other users read the mount (needs user_allow_other for non-root).",
 )
 @click.option(
+    "--debug-fuse",
+    is_flag=True,
+    help="Trace every FUSE request on stderr (with --foreground).",
+)
+@click.option(
     "--log-file",
     type=click.Path(path_type=Path),
     help="Daemon log (default: next to its runtime record).",
@@ -273,6 +278,7 @@ def mount_command(
     refresh: float,
     cache_size: int,
     allow_other: bool,
+    debug_fuse: bool,
     log_file: Path | None,
 ) -> None:
     """Mount the docs index at MOUNTPOINT (read-only)."""
@@ -284,6 +290,7 @@ def mount_command(
         cache_bytes=cache_size,
         refresh=refresh,
         allow_other=allow_other,
+        debug_fuse=debug_fuse,
         log_file=log_file,
     )
     daemon.mount(options, foreground=foreground)
@@ -337,6 +344,15 @@ def status_command(mountpoint: Path, as_json: bool) -> None:
 @main.command("sandbox", context_settings={"ignore_unknown_options": True})
 @click.argument("mountpoint", type=click.Path(path_type=Path))
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def sandbox_command(mountpoint: Path, command: tuple[str, ...]) -> None:
+@connection_options
+@click.option(
+    "--groups",
+    help="Show the sandbox a private view of the index: public files "
+    "and these groups' (needs the connection options).",
+)
+def sandbox_command(
+    mountpoint: Path, command: tuple[str, ...], conn: store.Connection, groups: str | None
+) -> None:
     """Run COMMAND (after --) confined with bubblewrap: the docs at /docs, no network."""
-    sandbox.run(mountpoint, list(command))
+    view = (conn, _viewer(groups, False)) if groups is not None else None
+    sandbox.run(mountpoint, list(command), view)

@@ -54,6 +54,7 @@ class MountOptions:
     cache_bytes: int = 256 << 20
     refresh: float = 10.0
     allow_other: bool = False
+    debug_fuse: bool = False
     log_file: Path | None = None
 
 
@@ -319,6 +320,8 @@ def _fuse_init(ops: Operations, options: MountOptions) -> None:
     }
     if options.allow_other:
         fuse_options.add("allow_other")
+    if options.debug_fuse:
+        fuse_options.add("debug")  # libfuse traces every request on stderr
     try:
         pyfuse3.init(ops, str(options.mountpoint), fuse_options)
     except RuntimeError as e:
@@ -340,6 +343,11 @@ async def _handle_signals(refresher: Refresher) -> None:
 
 
 def _alive(pid: int) -> bool:
+    # A daemon forked by this very process (esfuse sandbox --groups) stays a zombie,
+    # which kill(pid, 0) still finds, until we reap it.
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import NoReturn
 
 import esfuse
-from esfuse import protocol
+from esfuse import daemon, protocol
+from esfuse.access import Viewer
 from esfuse.errors import EsfuseError
 from esfuse.mountinfo import FSTYPE, fstype_at
+from esfuse.store import Connection
 
 DOCS = "/docs"
 TOOLS = "/opt/esfuse"
@@ -102,18 +106,59 @@ def command_line(mountpoint: Path, launcher_fd: int, argv: list[str]) -> list[st
     ]
 
 
-def run(mountpoint: Path, argv: list[str]) -> NoReturn:
-    """Replace this process with the sandboxed command; its exit status is ours."""
+def run(mountpoint: Path, argv: list[str], view: tuple[Connection, Viewer] | None) -> NoReturn:
+    """Run the sandboxed command; its exit status is ours.
+
+    With `view`, the sandbox gets a private mount of the same index that sees
+    what that viewer may see (say, one agent's groups), unmounted afterwards.
+    """
     mountpoint = Path(os.path.abspath(mountpoint))
     if fstype_at(mountpoint) != FSTYPE:
         raise EsfuseError(f"{mountpoint} is not an esfuse mount")
     if not argv:
         raise EsfuseError("give a command to run in the sandbox, after --")
-    # bwrap copies the esgrep launcher from this pipe into the sandbox: no file to leave.
+    if view is None:
+        _exec(mountpoint, argv)
+    record = daemon.read_record(mountpoint)
+    if record is None:
+        raise EsfuseError(f"{mountpoint}: its daemon's record is missing; remount it")
+    connection, viewer = view
+    with tempfile.TemporaryDirectory(prefix="esfuse-sandbox-") as tmp:
+        private = Path(tmp) / "docs"
+        private.mkdir()
+        daemon.mount(
+            daemon.MountOptions(
+                mountpoint=private,
+                connection=connection,
+                index=record["index"],
+                viewer=viewer,
+                refresh=0,
+            ),
+            foreground=False,
+        )
+        try:
+            status = subprocess.run(
+                command_line(private, _launcher(), argv), pass_fds=_PASSED
+            ).returncode
+        finally:
+            daemon.umount(private)
+    sys.exit(status)
+
+
+_PASSED: list[int] = []
+
+
+def _launcher() -> int:
+    """A pipe holding the esgrep launcher, for bwrap to copy in: no file left behind."""
     read_end, write_end = os.pipe()
     os.write(write_end, LAUNCHER.encode())
     os.close(write_end)
     os.set_inheritable(read_end, True)
-    args = command_line(mountpoint, read_end, argv)
+    _PASSED.append(read_end)
+    return read_end
+
+
+def _exec(mountpoint: Path, argv: list[str]) -> NoReturn:
+    args = command_line(mountpoint, _launcher(), argv)
     sys.stdout.flush()
     os.execv(args[0], args)

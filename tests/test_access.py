@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from esfuse.access import EVERYTHING, PUBLIC, Access, Rules, Viewer, glob_to_reg
 from esfuse.errors import EsfuseError, StoreError
 from esfuse.store import Connection, Store, connect
 from esfuse.tree import DirRecord, FileRecord, Tree, visible
-from tests.conftest import Docs, mount_or_fail, run, unmount
+from tests.conftest import ESFUSE, Docs, mount_or_fail, run, unmount
 
 ESGREP = str(Path(sys.executable).parent / "esgrep")
 
@@ -352,3 +354,27 @@ def test_changing_the_rules_updates_what_elasticsearch_serves(es_url, es, tmp_pa
         unmount(mount)
     finally:
         d.drop()
+
+
+@pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")
+def test_a_sandbox_can_get_a_private_view_for_its_groups(secured):
+    d, mounts = secured
+    done = run(
+        *ESFUSE,
+        "sandbox",
+        mounts["public"],
+        "--es",
+        d.url,
+        "--groups",
+        "billing",
+        "--",
+        "find",
+        "/docs",
+        "-type",
+        "f",
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert {line.removeprefix("/docs/") for line in done.stdout.split()} == BILLING_VIEW
+    assert listed(mounts["public"]) == PUBLIC_VIEW  # the shared mount is unchanged
+    assert not [p for p in Path(tempfile.gettempdir()).glob("esfuse-sandbox-*")]
