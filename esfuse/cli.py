@@ -1,4 +1,4 @@
-"""The `esfuse` command line: ingest, mount, umount.
+"""The `esfuse` command line: ingest, mount, umount, status, sandbox.
 
 Errors a user can act on are `EsfuseError`s, printed as one line with exit
 status 1; usage errors are click's, with status 2.

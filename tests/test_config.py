@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 
+import click
 import pytest
 
-from esfuse.cli import main
+from esfuse.cli import main, parse_size
 from esfuse.config import default_map
 from esfuse.errors import EsfuseError
+from esfuse.store import check_name
 from tests.conftest import esfuse
 
 
@@ -67,3 +69,42 @@ def test_flags_beat_the_environment_which_beats_the_file(tmp_path):
     assert "127.0.0.1:3 " in target("--es", "http://127.0.0.1:3", ESFUSE_ES="http://127.0.0.1:2")
     missing = esfuse("--config", tmp_path / "nope.toml", "umount", tmp_path)
     assert missing.returncode == 1 and "cannot read configuration" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    "text, size",
+    [
+        ("256M", 256 << 20),
+        ("1G", 1 << 30),
+        ("65536", 65536),
+        ("512k", 512 << 10),
+        ("2GiB", 2 << 30),
+    ],
+)
+def test_sizes(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "12X", "-1M", "1.5G"])
+def test_bad_sizes(text):
+    with pytest.raises(click.BadParameter):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(
+    "name, ok",
+    [
+        ("docs", True),
+        ("bench-tldr.v2", True),
+        ("Docs", False),
+        ("-x", False),
+        ("a b", False),
+        ("a/b", False),
+    ],
+)
+def test_index_names(name, ok):
+    if ok:
+        assert check_name(name) == name
+    else:
+        with pytest.raises(EsfuseError):
+            check_name(name)
