@@ -117,11 +117,12 @@ def check_mountpoint(path: Path) -> Path:
 
 
 def _dead(mountpoint: Path) -> bool:
-    """A FUSE mount whose daemon is gone answers "Transport endpoint is not connected"."""
+    """A FUSE mount whose daemon is gone answers "Transport endpoint is not connected"
+    (or, the first time after the daemon's death, "Software caused connection abort")."""
     try:
         os.stat(mountpoint)
     except OSError as e:
-        return e.errno == errno.ENOTCONN
+        return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
     return False
 
 
