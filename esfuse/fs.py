@@ -101,6 +101,7 @@ class Operations(pyfuse3.Operations):
 
     def swap(self, tree: Tree) -> None:
         self.previous, self.tree = self.tree, tree
+        self._opens_in_dir.clear()  # a new version is worth reading ahead again
 
     def node(self, inode: int) -> Node:
         """An inode of the current tree, or of the one just replaced."""

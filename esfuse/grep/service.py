@@ -55,9 +55,6 @@ class Sessions:
         if self._visible.get(pid) is inodes:
             del self._visible[pid]
 
-    def __len__(self) -> int:
-        return len(self._visible)
-
 
 def _strings(value: object, what: str, limit: int) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
