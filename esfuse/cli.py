@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import re
 import sys
 import time
@@ -309,7 +308,7 @@ def umount_command(mountpoint: Path) -> None:
 def status_command(mountpoint: Path, as_json: bool) -> None:
     """What the daemon serving MOUNTPOINT is doing: tree, cache, requests."""
     try:
-        path = os.getxattr(mountpoint, protocol.XATTR).decode("utf-8", "surrogateescape")
+        path = protocol.socket_of(mountpoint)
         answer = protocol.call(path, {"op": "status"}, 10.0)
     except (OSError, EsfuseError) as e:
         raise EsfuseError(f"{mountpoint}: no esfuse daemon answers ({e})") from None

@@ -126,16 +126,23 @@ def _dead(mountpoint: Path) -> bool:
     return False
 
 
-def _clear_dead(mountpoint: Path) -> None:
+def _fusermount(mountpoint: Path, *flags: str) -> None:
+    """Unmount with fusermount3; its complaint, if any, becomes the error."""
     done = subprocess.run(
-        ["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True, text=True, check=False
+        ["fusermount3", "-u", *flags, str(mountpoint)], capture_output=True, text=True, check=False
     )
     if done.returncode:
-        raise EsfuseError(
-            f"{mountpoint} holds a dead esfuse mount that cannot be cleared: {done.stderr.strip()}"
-        )
+        raise EsfuseError(done.stderr.strip() or f"cannot unmount {mountpoint}")
+
+
+def remove_record(mountpoint: Path) -> None:
     for suffix in (".json", ".sock"):
         record_path(mountpoint, suffix).unlink(missing_ok=True)
+
+
+def _clear_dead(mountpoint: Path) -> None:
+    _fusermount(mountpoint, "-z")
+    remove_record(mountpoint)
     print(
         f"esfuse: cleared a dead esfuse mount at {mountpoint} (its daemon had died)",
         file=sys.stderr,
@@ -279,8 +286,7 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
                 await _serve_mounted(options)
             finally:
                 nursery.cancel_scope.cancel()
-                for path in (record_path(options.mountpoint), socket_path):
-                    path.unlink(missing_ok=True)
+                remove_record(options.mountpoint)
     finally:
         await client.close()
 
@@ -374,10 +380,6 @@ def umount(path: Path, *, timeout: float = 15.0) -> None:
                 )
             time.sleep(0.02)
     elif fstype is not None and fstype.startswith("fuse"):
-        done = subprocess.run(
-            ["fusermount3", "-u", str(mountpoint)], capture_output=True, text=True, check=False
-        )
-        if done.returncode:
-            raise EsfuseError(done.stderr.strip() or f"cannot unmount {mountpoint}")
+        _fusermount(mountpoint)
     else:
         raise EsfuseError(f"{mountpoint} is not an esfuse mount")

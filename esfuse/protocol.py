@@ -12,6 +12,7 @@ socket, to start fast.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 import time
@@ -31,6 +32,12 @@ _HEADER = struct.Struct(">I")
 
 class ProtocolError(EsfuseError):
     """A malformed, truncated or oversized message."""
+
+
+def socket_of(mountpoint: str | os.PathLike[str]) -> str:
+    """The control socket of the daemon serving `mountpoint`, named by the root's xattr
+    (OSError when it is not an esfuse mount)."""
+    return os.getxattr(mountpoint, XATTR).decode("utf-8", "surrogateescape")
 
 
 def encode(message: dict[str, Any]) -> bytes:

@@ -52,7 +52,7 @@ def _system_binds() -> list[str]:
 
 def command_line(mountpoint: Path, launcher_fd: int, argv: list[str]) -> list[str]:
     """The bwrap command that runs `argv` over the mount at `mountpoint`."""
-    socket_path = os.getxattr(mountpoint, protocol.XATTR).decode("utf-8", "surrogateescape")
+    socket_path = protocol.socket_of(mountpoint)
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise EsfuseError("esfuse sandbox needs bubblewrap (apt-get install bubblewrap)")

@@ -54,7 +54,7 @@ def timed(*args: object, cwd: Path) -> float:
 
 
 def requests(mnt: Path) -> dict[str, int]:
-    path = os.getxattr(mnt, protocol.XATTR).decode()
+    path = protocol.socket_of(mnt)
     return protocol.call(path, {"op": "status"}, 10)["requests"]
 
 

@@ -68,7 +68,7 @@ def locate(operands: list[str]) -> tuple[str, list[str]] | None:
 def prepare(mount: str, scopes: list[str], call: options.GrepCall) -> None:
     """Ask the mount's daemon to plan, prefetch and narrow; exits 2 with a reason if it cannot."""
     try:
-        socket_path = os.getxattr(mount, protocol.XATTR).decode("utf-8", "surrogateescape")
+        socket_path = protocol.socket_of(mount)
     except OSError as e:
         fail(f"{mount}: cannot find its esfuse daemon ({e.strerror}); is it mounted by esfuse?")
     timeout = float(os.environ.get("ESGREP_TIMEOUT", TIMEOUT))
