@@ -8,7 +8,7 @@
 FROM python:3.11.10-slim-bookworm AS build
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-        libfuse3-dev=3.14.0-4 pkg-config=1.8.1-1 gcc=4:12.2.0-3 \
+        libfuse3-dev=3.14.0-4 pkg-config=1.8.1-1 gcc=4:12.2.0-3 patch=2.7.6-7 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 1000 builder \
     && install -d -o builder /opt/esfuse
@@ -16,7 +16,12 @@ USER 1000
 WORKDIR /home/builder/src
 COPY --chown=builder pyproject.toml README.md ./
 COPY --chown=builder esfuse ./esfuse
-RUN python -m venv /opt/esfuse && /opt/esfuse/bin/pip install --no-cache-dir .
+COPY --chown=builder scripts/build-pyfuse3 ./scripts/
+COPY --chown=builder scripts/pyfuse3.d ./scripts/pyfuse3.d
+RUN python -m venv /opt/esfuse \
+    && /opt/esfuse/bin/pip install --no-cache-dir \
+        "$(ESFUSE_WHEELS=/tmp/wheels scripts/build-pyfuse3 /opt/esfuse/bin/python)" \
+    && /opt/esfuse/bin/pip install --no-cache-dir .
 
 FROM python:3.11.10-slim-bookworm
 RUN apt-get update \

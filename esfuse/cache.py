@@ -52,6 +52,9 @@ class ChunkCache:
     def current_bytes(self) -> int:
         return int(self._lru.currsize)
 
+    def holds(self, key: Key) -> bool:
+        return key in self._lru or key in self._pending
+
     async def get_many(self, keys: Sequence[Key]) -> list[bytes]:
         """The chunks for `keys`, in order; missing ones come from one loader call."""
         found: dict[Key, bytes] = {}
@@ -142,6 +145,10 @@ class ContentCache:
     def __init__(self, loader: Loader, chunk_size: int, max_bytes: int) -> None:
         self.chunk_size = chunk_size
         self.chunks = ChunkCache(loader, max_bytes)
+
+    def holds(self, digest: str, offset: int) -> bool:
+        """Whether the chunk at `offset` is cached or on its way."""
+        return self.chunks.holds((digest, offset // self.chunk_size))
 
     async def read(self, digest: str, size: int, offset: int, length: int) -> bytes:
         """Up to `length` bytes at `offset` of a file of `size` bytes with content `digest`."""

@@ -356,3 +356,11 @@ def test_a_mount_whose_daemon_was_killed_is_cleared_by_the_next_mount(docs, tmp_
         assert (mountpoint / "README.md").read_bytes() == (docs.src / "README.md").read_bytes()
     finally:
         unmount(mountpoint)
+
+
+def test_the_installed_pyfuse3_lets_the_kernel_skip_opens():
+    # scripts/setup installs the build of scripts/build-pyfuse3; with stock pyfuse3
+    # the mount still works, but a warm `grep -r` makes two requests per file.
+    import pyfuse3
+
+    assert getattr(pyfuse3, "READ_GETS_INODE_WITHOUT_OPEN", False)
