@@ -8,6 +8,7 @@ injected, so this module knows nothing of Elasticsearch or FUSE.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -52,7 +53,19 @@ class ChunkCache:
     def current_bytes(self) -> int:
         return int(self._lru.currsize)
 
+    def peek(self, keys: Sequence[Key]) -> list[bytes] | None:
+        """The chunks for `keys` if all are cached, else None; never loads."""
+        found = []
+        for key in keys:
+            value = self._lru.get(key)
+            if value is None:
+                return None
+            found.append(value)
+        self.hits += len(found)
+        return found
+
     def holds(self, key: Key) -> bool:
+        """Whether `key` is cached or on its way."""
         return key in self._lru or key in self._pending
 
     async def get_many(self, keys: Sequence[Key]) -> list[bytes]:
@@ -77,32 +90,37 @@ class ChunkCache:
             found[key] = pending.value
         return [found[key] for key in keys]
 
-    def reserve(self, batches: Iterable[Sequence[Key]]) -> list[dict[Key, _Pending]]:
-        """Mark what is neither cached nor on its way as coming, batch by batch.
+    def reserve(self, batch: Iterable[Key]) -> dict[Key, _Pending]:
+        """Mark what of `batch` is neither cached nor on its way as coming, for `fill`.
 
         Synchronous, so that a read that follows cannot slip in and fetch the
-        same chunk again; `fill` then loads the reserved batches.
+        same chunk again.
         """
-        return [
-            mine
-            for batch in batches
-            if (mine := self._claim(k for k in batch if k not in self._lru))
-        ]
+        return self._claim(k for k in batch if k not in self._lru)
 
-    async def fill(self, reserved: list[dict[Key, _Pending]]) -> None:
-        """Load reserved batches, a few at a time; a failed batch fails its readers only."""
-        limiter = trio.CapacityLimiter(PREFETCH_PARALLEL)
+    async def fill(self, claims: Iterable[Callable[[], dict[Key, _Pending]]]) -> None:
+        """Load batches a few at a time; a failed batch fails its readers only.
 
-        async def one(mine: dict[Key, _Pending]) -> None:
-            async with limiter:
+        Each claim gives the keys of one batch when its turn comes: keys
+        reserved earlier, or reserved only then, so that a read meanwhile
+        fetches its own chunk instead of waiting for the batch's turn.
+        """
+        pending = iter(claims)
+
+        async def worker() -> None:
+            # The workers share one iterator, so batches are claimed in order
+            # (trio starts tasks in no set order).
+            for claim in pending:
+                mine = claim()
                 try:
-                    await self._load(mine)
+                    if mine:
+                        await self._load(mine)
                 except Exception as e:
-                    log.warning("read-ahead of %d chunks failed: %s", len(mine), e)
+                    log.warning("loading %d chunks ahead failed: %s", len(mine), e)
 
         async with trio.open_nursery() as nursery:
-            for mine in reserved:
-                nursery.start_soon(one, mine)
+            for _ in range(PREFETCH_PARALLEL):
+                nursery.start_soon(worker)
 
     def _claim(self, keys: Iterable[Key]) -> dict[Key, _Pending]:
         mine: dict[Key, _Pending] = {}
@@ -152,19 +170,43 @@ class ContentCache:
 
     async def read(self, digest: str, size: int, offset: int, length: int) -> bytes:
         """Up to `length` bytes at `offset` of a file of `size` bytes with content `digest`."""
+        keys, end = self._span(digest, size, offset, length)
+        chunks = await self.chunks.get_many(keys) if keys else []
+        return self._assemble(keys, chunks, size, offset, end)
+
+    def cached(self, digest: str, size: int, offset: int, length: int) -> bytes | None:
+        """What `read` would give, if every chunk of it is cached; else None.
+
+        No await: the kernel's reads of a cached file cost one dictionary
+        lookup each instead of a trip through the scheduler.
+        """
+        keys, end = self._span(digest, size, offset, length)
+        chunks = self.chunks.peek(keys)
+        return None if chunks is None else self._assemble(keys, chunks, size, offset, end)
+
+    def _span(self, digest: str, size: int, offset: int, length: int) -> tuple[list[Key], int]:
+        """The chunk keys holding `length` bytes at `offset`, and where the range ends."""
         end = min(size, offset + length)
         if offset >= end:
-            return b""
+            return [], end
         first, last = offset // self.chunk_size, (end - 1) // self.chunk_size
-        chunks = await self.chunks.get_many([(digest, n) for n in range(first, last + 1)])
-        for n, chunk in zip(range(first, last + 1), chunks, strict=False):
+        return [(digest, n) for n in range(first, last + 1)], end
+
+    def _assemble(
+        self, keys: list[Key], chunks: list[bytes], size: int, offset: int, end: int
+    ) -> bytes:
+        if not keys:
+            return b""
+        for (digest, n), chunk in zip(keys, chunks, strict=True):
             expected = min(self.chunk_size, size - n * self.chunk_size)
             if len(chunk) != expected:
                 raise StoreError(
                     f"content chunk {digest}-{n} has {len(chunk)} bytes, expected {expected}"
                 )
-        data = b"".join(chunks)
-        start = offset - first * self.chunk_size
+        start = offset - keys[0][1] * self.chunk_size
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if start == 0 and end - offset == len(data):
+            return data  # a whole small file: no copy
         return data[start : start + end - offset]
 
     def prefetch(self, nursery: trio.Nursery, files: Iterable[tuple[str, int]]) -> None:
@@ -175,6 +217,27 @@ class ContentCache:
         cache is spent on one read-ahead, so it cannot evict itself before it is
         read; batches stay near PREFETCH_BATCH_BYTES.
         """
+        reserved = [self.chunks.reserve(batch) for batch in self._batches(files)]
+        claims = [mine.copy for mine in reserved if mine]  # already claimed: hand them over
+        if claims:
+            nursery.start_soon(self.chunks.fill, claims)
+
+    def preload(self, nursery: trio.Nursery, files: Sequence[tuple[str, int]]) -> bool:
+        """Load all of `files` in the background, in order, if they fit in half the cache.
+
+        Unlike `prefetch`, batches are claimed only when their turn comes, so a
+        read of a file the preload has not reached yet is not held up by it.
+        """
+        if sum(size for _, size in files) > self.chunks.max_bytes // 2:
+            return False
+        batches = self._batches(files)
+        nursery.start_soon(
+            self.chunks.fill, [functools.partial(self.chunks.reserve, b) for b in batches]
+        )
+        return True
+
+    def _batches(self, files: Iterable[tuple[str, int]]) -> list[list[Key]]:
+        """The chunk keys of `files`, in batches for one request each, up to half the cache."""
         budget = self.chunks.max_bytes // 2
         batches: list[list[Key]] = [[]]
         batch_bytes = 0
@@ -188,6 +251,4 @@ class ContentCache:
                     batch_bytes = 0
                 batches[-1].append((digest, n))
                 batch_bytes += min(self.chunk_size, size - n * self.chunk_size)
-        reserved = self.chunks.reserve(batches)
-        if reserved:
-            nursery.start_soon(self.chunks.fill, reserved)
+        return batches

@@ -253,6 +253,12 @@ def _viewer(groups: str | None, everything: bool) -> Viewer:
     help="Memory for file contents.",
 )
 @click.option(
+    "--preload/--no-preload",
+    default=True,
+    show_default=True,
+    help="Load all contents in the background when they fit in half the cache.",
+)
+@click.option(
     "--allow-other",
     is_flag=True,
     help="Let other users read the mount (needs user_allow_other for non-root).",
@@ -276,6 +282,7 @@ def mount_command(
     everything: bool,
     refresh: float,
     cache_size: int,
+    preload: bool,
     allow_other: bool,
     debug_fuse: bool,
     log_file: Path | None,
@@ -287,6 +294,7 @@ def mount_command(
         index=index,
         viewer=_viewer(groups, everything),
         cache_bytes=cache_size,
+        preload=preload,
         refresh=refresh,
         allow_other=allow_other,
         debug_fuse=debug_fuse,
@@ -326,7 +334,7 @@ def status_command(mountpoint: Path, as_json: bool) -> None:
         (
             "tree",
             f"version {answer['tree_version']}, {answer['files']} files, "
-            f"loaded {answer['tree_age']:.0f} s ago",
+            f"loaded {answer['tree_age']:.0f} s ago in {answer['tree_load_ms']:.0f} ms",
         ),
         ("last refresh error", answer["last_refresh_error"] or "none"),
         (
@@ -335,6 +343,7 @@ def status_command(mountpoint: Path, as_json: bool) -> None:
         ),
         ("requests", requests),
         ("latency", latency),
+        ("memory", f"{answer['rss_bytes'] / 1e6:.0f} MB resident (pid {answer['pid']})"),
         ("uptime", f"{answer['uptime']:.0f} s"),
     ]:
         click.echo(f"{label:<19} {value}")

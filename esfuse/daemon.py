@@ -36,9 +36,10 @@ from esfuse.external import Fetcher, split_loader
 from esfuse.fs import Operations, invalidate
 from esfuse.grep.service import GrepService, Sessions
 from esfuse.mountinfo import FSTYPE, fstype_at
-from esfuse.refresh import Refresher
+from esfuse.refresh import Refresher, TreeUser
 from esfuse.server import ControlServer, Peer, bind
 from esfuse.store import Connection, Store, connect
+from esfuse.tree import Tree
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class MountOptions:
     index: str
     viewer: Viewer = PUBLIC_ONLY
     cache_bytes: int = 256 << 20
+    preload: bool = True
     refresh: float = 10.0
     allow_other: bool = False
     debug_fuse: bool = False
@@ -240,12 +242,13 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
         store = Store(client, options.index, options.connection.where, options.viewer)
         started = time.monotonic()
         pointer, tree = await store.load_tree(options.viewer)
+        load_seconds = time.monotonic() - started
         log.info(
             "loaded tree version %d of %r: %d files in %.3f s",
             pointer.version,
             options.index,
             tree.file_count,
-            time.monotonic() - started,
+            load_seconds,
         )
         socket_path = record_path(options.mountpoint, ".sock")
         async with (
@@ -258,15 +261,18 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
             sessions = Sessions()
             grep = GrepService(tree, store, content, sessions, nursery)
             ops = Operations(tree, content, nursery, sessions, str(socket_path))
+            preload = Preload(content, nursery) if options.preload else None
+            users: list[TreeUser] = [ops, grep, *([preload] if preload else [])]
             refresher = Refresher(
                 store,
                 options.viewer,
                 pointer.version,
                 tree,
-                [ops, grep],
+                users,
                 invalidate,
                 options.refresh,
             )
+            refresher.load_ms = load_seconds * 1000
 
             async def grep_op(request: dict[str, Any], peer: Peer) -> dict[str, Any]:
                 return await grep.grep(request, peer.pid)
@@ -283,6 +289,8 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
                 nursery.start_soon(_handle_signals, refresher)
                 nursery.start_soon(refresher.run)
                 ready()
+                if preload:
+                    preload.swap(tree)
                 await _serve_mounted(options)
             finally:
                 nursery.cancel_scope.cancel()
@@ -300,6 +308,25 @@ async def _serve_mounted(options: MountOptions) -> None:
         log.info("unmounted %s", options.mountpoint)
 
 
+class Preload:
+    """Loads every content of each new tree in the background, when all fit the cache.
+
+    A first `grep -r` after mount then waits for batches already on their way
+    instead of asking per directory; the cache keeps what is unchanged, so a
+    refresh loads only what is new.
+    """
+
+    def __init__(self, content: ContentCache, nursery: trio.Nursery) -> None:
+        self.content = content
+        self.nursery = nursery
+
+    def swap(self, tree: Tree) -> None:
+        if tree.total_size > self.content.chunks.max_bytes // 2:
+            log.info("contents (%d bytes) exceed half the cache: not preloading", tree.total_size)
+        elif self.content.preload(self.nursery, tree.contents()):
+            log.info("preloading %d files", tree.file_count)
+
+
 def status(
     store: Store, refresher: Refresher, content: ContentCache, started: float
 ) -> dict[str, Any]:
@@ -309,6 +336,9 @@ def status(
         "files": refresher.tree.file_count,
         "tree_version": refresher.version,
         "tree_age": round(time.time() - refresher.loaded_at, 3),
+        "tree_load_ms": round(refresher.load_ms, 1),
+        "pid": os.getpid(),
+        "rss_bytes": _rss(),
         "last_refresh_error": refresher.last_error,
         "requests": dict(store.requests),
         "latency_ms": store.latency_ms(),
@@ -316,6 +346,12 @@ def status(
         "cache_hits": content.chunks.hits,
         "cache_misses": content.chunks.misses,
     }
+
+
+def _rss() -> int:
+    """This process's resident memory, in bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _fuse_init(ops: Operations, options: MountOptions) -> None:

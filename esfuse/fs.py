@@ -34,6 +34,9 @@ R = TypeVar("R")
 TIMEOUT = 300.0
 BLOCK = 4096
 READ_AHEAD_WINDOW = 32
+# Attributes kept ready for readdir and lookup, which rebuilt them per entry and
+# spent half a warm `grep -r` doing so (py-spy); about 200 bytes each.
+ATTRIBUTES_KEPT = 1 << 17
 SOCKET_XATTR = XATTR.encode()
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 # Our build of pyfuse3 (scripts/build-pyfuse3) hands `read` the inode when no open
@@ -96,6 +99,7 @@ class Operations(pyfuse3.Operations):
         self.uid = os.getuid()
         self.gid = os.getgid()
         self._misses_in_dir: dict[int, int] = {}
+        self._attributes: dict[int, pyfuse3.EntryAttributes] = {}
         # Directory handles above the inode range: listings narrowed for an esgrep session.
         self._narrowed: dict[int, tuple[int, list[tuple[bytes, int]]]] = {}
         self._next_handle = 1 << 48
@@ -103,6 +107,7 @@ class Operations(pyfuse3.Operations):
     def swap(self, tree: Tree) -> None:
         self.previous, self.tree = self.tree, tree
         self._misses_in_dir.clear()  # a new version is worth reading ahead again
+        self._attributes.clear()
 
     def node(self, inode: int) -> Node:
         """An inode of the current tree, or of the one just replaced."""
@@ -114,6 +119,14 @@ class Operations(pyfuse3.Operations):
             return self.previous.node(inode)
 
     def attributes(self, inode: int) -> pyfuse3.EntryAttributes:
+        attr = self._attributes.get(inode)
+        if attr is None:
+            if len(self._attributes) >= ATTRIBUTES_KEPT:
+                self._attributes.clear()
+            attr = self._attributes[inode] = self._build_attributes(inode)
+        return attr
+
+    def _build_attributes(self, inode: int) -> pyfuse3.EntryAttributes:
         node = self.node(inode)
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = pyfuse3.InodeT(inode)
@@ -195,6 +208,8 @@ class Operations(pyfuse3.Operations):
         and `grep -r` reads a directory's files one after another: the first miss
         in a directory brings a small window of the files after it in listing
         order, the second brings the rest of the directory, in a few requests.
+        The missed file itself is not in them: its read asks for it alone, which
+        answers sooner than a batch.
         Only misses count, so an esgrep session, whose candidates the daemon has
         already fetched, reads ahead nothing.
         """
@@ -207,7 +222,7 @@ class Operations(pyfuse3.Operations):
             return
         self._misses_in_dir[parent] = seen + 1
         listing = self.tree.listing(parent)
-        start = next(i for i, (_, child) in enumerate(listing) if child == inode)
+        start = 1 + next(i for i, (_, child) in enumerate(listing) if child == inode)
         stop = start + READ_AHEAD_WINDOW if seen == 0 else len(listing)
         files = [self.tree.node(child) for _, child in listing[start:stop]]
         wanted = [(f.digest, f.size) for f in files if f.digest is not None]
@@ -220,6 +235,9 @@ class Operations(pyfuse3.Operations):
         node = self.node(fh)
         if node.digest is None:
             raise pyfuse3.FUSEError(errno.EISDIR)
+        data = self.content.cached(node.digest, node.size, off, size)
+        if data is not None:
+            return data
         if not self.content.holds(node.digest, off):
             self._read_ahead(fh)
         return await self.content.read(node.digest, node.size, off, size)

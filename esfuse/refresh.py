@@ -48,6 +48,7 @@ class Refresher:
         self.notify = notify
         self.interval = interval
         self.loaded_at = time.time()
+        self.load_ms = 0.0  # how long fetching, decoding and building the tree took
         self.last_error: str | None = None
         self._wake = trio.Event()
 
@@ -67,8 +68,10 @@ class Refresher:
             pointer = await self.store.pointer()
             if pointer is None or pointer.version == self.version:
                 return False
+            started = time.monotonic()
             _, blob = await self.store.tree_document(pointer)
             new = Tree(*visible(*decode(blob), self.viewer), previous=self.tree)
+            self.load_ms = (time.monotonic() - started) * 1000
         except EsfuseError as e:
             self.last_error = str(e)
             log.error("refresh failed, keeping tree version %d: %s", self.version, e)

@@ -271,6 +271,25 @@ class Tree:
             if child not in self._children:
                 yield child, self._record(child, path)
 
+    def contents(self) -> list[tuple[str, int]]:
+        """(digest, size) of each content held in Elasticsearch, once, in the order a
+        depth-first traversal by name meets them (the order of `grep -r`)."""
+        seen: set[str] = set()
+        found: list[tuple[str, int]] = []
+        stack = [ROOT]
+        while stack:
+            for _, child in reversed(self.listing(stack.pop())):
+                stack.append(child)
+            # Children were pushed in reverse, so pops come in name order; files are
+            # taken as they are popped.
+            while stack and stack[-1] not in self._children:
+                i = stack.pop() - 1
+                digest = self._digests[i]
+                if digest is not None and digest not in seen and digest not in self.externals:
+                    seen.add(digest)
+                    found.append((digest, self._sizes[i]))
+        return found
+
     def record(self, inode: int) -> FileRecord:
         return self._record(inode, self.path(inode))
 

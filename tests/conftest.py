@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from esfuse import protocol
 from tests.fixture import make_fixture
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,6 +95,14 @@ def mount_or_fail(docs: Docs, mountpoint: Path, *extra) -> Path:
     done = docs.mount(mountpoint, *extra)
     assert done.returncode == 0, done.stderr
     return mountpoint
+
+
+def status(mountpoint: Path) -> dict:
+    """The mount's daemon's status, asked through its control socket."""
+    path = os.getxattr(mountpoint, protocol.XATTR).decode()
+    answer = protocol.call(path, {"op": "status"}, 30)
+    assert answer["ok"], answer
+    return answer
 
 
 def unmount(mountpoint: Path) -> None:

@@ -186,3 +186,48 @@ def test_a_failed_prefetch_reaches_its_readers_but_not_the_prefetcher():
 
     trio.run(main)
     assert len(errors) == 1 and len(loader.calls) == 1
+
+
+def test_preload_loads_everything_in_order_without_holding_up_reads(monkeypatch):
+    import esfuse.cache
+
+    monkeypatch.setattr(esfuse.cache, "PREFETCH_BATCH_KEYS", 4)
+    chunks = many_files(20, 100)
+    loader = Loader(chunks, delay=0.05)
+    cache = ContentCache(loader, CHUNK, 1 << 20)
+    got = []
+
+    async def main():
+        async with trio.open_nursery() as n:
+            assert cache.preload(n, [(f"f{i}", 100) for i in range(20)])
+            await trio.sleep(0.01)
+            # Three batches are in flight; f19's is not claimed yet: the read asks alone.
+            started = trio.current_time()
+            got.append(await cache.read("f19", 100, 0, 100))
+            got.append(trio.current_time() - started)
+
+    trio.run(main)
+    assert got[0] == chunks[("f19", 0)] and got[1] < 0.09
+    assert loader.calls[:4] == [
+        [(f"f{i}", 0) for i in range(0, 4)],
+        [(f"f{i}", 0) for i in range(4, 8)],
+        [(f"f{i}", 0) for i in range(8, 12)],
+        [("f19", 0)],
+    ]
+    assert sorted(k for c in loader.calls for k in c) == sorted(chunks)  # each chunk once
+    before = len(loader.calls)
+    for i in range(20):
+        assert trio.run(cache.read, f"f{i}", 100, 0, 100) == chunks[(f"f{i}", 0)]
+    assert len(loader.calls) == before
+
+
+def test_preload_declines_what_does_not_fit_half_the_cache():
+    loader = Loader(many_files(10, 100))
+    cache = ContentCache(loader, CHUNK, 1999)
+
+    async def main():
+        async with trio.open_nursery() as n:
+            return cache.preload(n, [(f"f{i}", 100) for i in range(10)])
+
+    assert trio.run(main) is False
+    assert loader.calls == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import stat
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from esfuse.daemon import read_record, record_path
-from tests.conftest import ESFUSE, Docs, corpus, esfuse, mount_or_fail, run, unmount
+from tests.conftest import ESFUSE, Docs, corpus, esfuse, mount_or_fail, run, status, unmount
 
 pytestmark = [pytest.mark.es, pytest.mark.mount]
 
@@ -308,7 +309,7 @@ def test_a_backend_failure_is_eio_and_the_mount_keeps_serving(es_url, es, tmp_pa
     mountpoint = tmp_path / "m"
     try:
         assert d.ingest().returncode == 0
-        mount_or_fail(d, mountpoint)
+        mount_or_fail(d, mountpoint, "--no-preload")  # else two.md would be cached already
         assert (mountpoint / "x" / "one.md").read_text() == "x/one.md\n"
         es.indices.delete(index=f"{d.name}-chunks")
         with pytest.raises(OSError) as raised:
@@ -331,6 +332,8 @@ def test_status_reports_the_tree_cache_and_requests(mounted, docs):
     assert answer["index"] == docs.name and answer["files"] > 5000
     assert answer["tree_version"] == 1 and answer["last_refresh_error"] is None
     assert answer["requests"]["content"] >= 1 and set(answer["latency_ms"]) == {"p50", "p90", "p99"}
+    assert answer["pid"] == read_record(mounted)["pid"]
+    assert answer["tree_load_ms"] > 0 and answer["rss_bytes"] > 10 << 20
     human = esfuse("status", mounted)
     assert human.returncode == 0 and f"index               {docs.name}" in human.stdout
     assert "hit rate" in human.stdout
@@ -364,3 +367,23 @@ def test_the_installed_pyfuse3_lets_the_kernel_skip_opens():
     import pyfuse3
 
     assert getattr(pyfuse3, "READ_GETS_INODE_WITHOUT_OPEN", False)
+
+
+def test_preload_fetches_everything_in_bulk_and_reads_then_ask_nothing(docs, fixture_src, tmp_path):
+    by_digest = {
+        hashlib.sha256(p.read_bytes()).hexdigest(): p.stat().st_size
+        for p in fixture_src.rglob("*")
+        if p.is_file()
+    }
+    mountpoint = mount_or_fail(docs, tmp_path / "m")
+    try:
+        deadline = time.monotonic() + 60
+        while status(mountpoint)["cache_bytes"] < sum(by_digest.values()):
+            assert time.monotonic() < deadline, status(mountpoint)
+            time.sleep(0.1)
+        preloaded = status(mountpoint)["requests"]
+        assert 0 < preloaded["content"] < len(by_digest) / 50  # in bulk, not per file
+        assert run("diff", "-r", fixture_src, mountpoint).returncode == 0
+        assert status(mountpoint)["requests"] == preloaded
+    finally:
+        unmount(mountpoint)

@@ -83,7 +83,8 @@ def test_surviving_elasticsearch_going_away_and_coming_back(own_node, tmp_path):
     with Elasticsearch(url) as client:
         d = Docs(url, client, src, prefix="faults")
         assert d.ingest().returncode == 0
-    mountpoint = mount_or_fail(d, tmp_path / "m", "--timeout", "2")
+    # No preload: "uncached" must stay so until the node is gone.
+    mountpoint = mount_or_fail(d, tmp_path / "m", "--timeout", "2", "--no-preload")
     try:
         assert (mountpoint / "cached" / "one.md").read_text() == "cached/one.md token\n"
         stop()

@@ -7,14 +7,12 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from esfuse import protocol
 from esfuse.daemon import read_record
 from esfuse.tree import DirRecord, FileRecord, Tree, changes
-from tests.conftest import Docs, mount_or_fail, unmount
+from tests.conftest import Docs, mount_or_fail, status, unmount
 
 # -- pure units ---------------------------------------------------------------------
 
@@ -63,10 +61,6 @@ def test_a_file_that_becomes_a_directory_is_a_new_inode():
 
 
 # -- against Elasticsearch and real mounts ---------------------------------------------
-
-
-def status(mountpoint: Path) -> dict:
-    return protocol.call(os.getxattr(mountpoint, protocol.XATTR).decode(), {"op": "status"}, 10)
 
 
 def wait_for(check, seconds: float = 10.0) -> None:

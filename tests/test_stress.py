@@ -15,7 +15,7 @@ import pytest
 
 from esfuse import protocol
 from esfuse.daemon import read_record
-from tests.conftest import mount_or_fail, run, unmount
+from tests.conftest import mount_or_fail, run, status, unmount
 
 pytestmark = [pytest.mark.es, pytest.mark.mount]
 
@@ -27,10 +27,6 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS")
-
-
-def status(mountpoint: Path) -> dict:
-    return protocol.call(os.getxattr(mountpoint, protocol.XATTR).decode(), {"op": "status"}, 30)
 
 
 def garbage(rng: random.Random) -> bytes:

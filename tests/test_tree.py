@@ -146,3 +146,14 @@ def test_unindexed_lists_large_and_external_files_only(tree):
     assert tree.unindexed(100) == []
     ext = Tree([], [FileRecord("x.json", 1, 1, "ext-1", url="file:///x"), *FILES])
     assert [ext.path(i) for i in ext.unindexed(100)] == ["x.json"]
+
+
+def test_contents_come_once_each_in_traversal_order_without_externals():
+    files = [
+        *FILES,
+        FileRecord("a/copy.md", 5, 1, "d2"),  # same content as a/x.md
+        FileRecord("z.json", 4, 1, "ext", url="https://example.com/z.json"),
+    ]
+    tree = Tree(DIRS, files)
+    # grep -r meets a/copy.md, a/sub/y.md, a/x.md, b.md, café/…, then z.json.
+    assert tree.contents() == [("d2", 5), ("d3", 0), ("d1", 3), ("d4", 7)]

@@ -1,0 +1,108 @@
+"""The floor of esfuse's architecture: a minimal pyfuse3 file system serving a local tree from RAM.
+
+    python scripts/floorfs.py SOURCE MOUNTPOINT [--skip-opens]
+
+Everything is read into memory before the mount, and each request is answered
+with no more work than a dictionary lookup, so its timings are what pyfuse3,
+trio and the kernel cost by themselves. The benchmark runs it beside esfuse,
+with opens (what stock pyfuse3 allows) and without (what esfuse's build of
+pyfuse3 allows). It prints "ready" once mounted and serves until unmounted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pyfuse3
+import trio
+
+TIMEOUT = 300.0
+
+
+class FloorFS(pyfuse3.Operations):
+    def __init__(self, source: Path, skip_opens: bool) -> None:
+        super().__init__()
+        self.skip_opens = skip_opens
+        self.attrs: dict[int, pyfuse3.EntryAttributes] = {}
+        self.children: dict[int, dict[bytes, int]] = {}
+        self.listings: dict[int, list[tuple[bytes, int]]] = {}
+        self.data: dict[int, bytes] = {}
+        self.next_inode = pyfuse3.ROOT_INODE + 1
+        self._load(pyfuse3.ROOT_INODE, source)
+
+    def _load(self, inode: int, path: Path) -> None:
+        st = path.stat()
+        attr = pyfuse3.EntryAttributes()
+        attr.st_ino = pyfuse3.InodeT(inode)
+        attr.st_mode = pyfuse3.ModeT(st.st_mode & ~0o222)
+        attr.st_nlink = st.st_nlink
+        attr.st_mtime_ns = st.st_mtime_ns
+        attr.entry_timeout = attr.attr_timeout = TIMEOUT
+        self.attrs[inode] = attr
+        if not path.is_dir():
+            self.data[inode] = path.read_bytes()
+            attr.st_size = len(self.data[inode])
+            return
+        children = self.children[inode] = {}
+        for entry in sorted(os.listdir(path)):
+            children[os.fsencode(entry)] = self.next_inode
+            self.next_inode += 1
+        self.listings[inode] = list(children.items())
+        for name, child in self.listings[inode]:
+            self._load(child, path / os.fsdecode(name))
+
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
+        inode = self.children.get(parent_inode, {}).get(name)
+        if inode is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self.attrs[inode]
+
+    async def getattr(self, inode: int, ctx: Any = None) -> Any:
+        return self.attrs[inode]
+
+    async def opendir(self, inode: int, ctx: Any) -> Any:
+        return pyfuse3.FileHandleT(inode)
+
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        listing = self.listings[fh]
+        for i in range(start_id, len(listing)):
+            name, inode = listing[i]
+            if not pyfuse3.readdir_reply(token, name, self.attrs[inode], i + 1):
+                break
+
+    async def open(self, inode: int, flags: int, ctx: Any) -> Any:
+        if self.skip_opens:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
+        return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(inode), keep_cache=True)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return self.data[fh][off : off + size]
+
+    async def release(self, fh: int) -> None:
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("source", type=Path)
+    parser.add_argument("mountpoint", type=Path)
+    parser.add_argument("--skip-opens", action="store_true")
+    args = parser.parse_args()
+    if args.skip_opens and not getattr(pyfuse3, "READ_GETS_INODE_WITHOUT_OPEN", False):
+        raise SystemExit("floorfs: --skip-opens needs the pyfuse3 of scripts/build-pyfuse3")
+    ops = FloorFS(args.source, args.skip_opens)
+    options = set(pyfuse3.default_options) | {"ro", "fsname=floorfs"}
+    pyfuse3.init(ops, str(args.mountpoint), options)
+    print("ready", flush=True)
+    try:
+        trio.run(pyfuse3.main)
+    finally:
+        pyfuse3.close()
+
+
+if __name__ == "__main__":
+    main()
