@@ -16,13 +16,14 @@ import json
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from esfuse.access import PUBLIC, Access, Viewer
 from esfuse.errors import TreeError
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2
+FORMAT = 3
 ROOT = 1
 
 
@@ -57,6 +58,13 @@ class Node:
     mtime_ns: int
     nlink: int
     digest: str | None
+
+
+def _checked(name: str) -> str:
+    """A directory entry's name, if it is one that cannot escape the tree."""
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise TreeError(f"invalid name in tree: {name!r}")
+    return name
 
 
 def split_path(path: str) -> list[str]:
@@ -108,6 +116,55 @@ class Tree:
             self._children[inode] = dict(sorted(children.items()))
         # Only needed while building; keeping them would keep every old tree alive.
         del self._dir_index, self._previous, self._inherited_dirs
+
+    @classmethod
+    def from_columns(cls, columns: Columns) -> Tree:
+        """The tree of a whole decoded document, numbered as the document numbers it.
+
+        One pass, with no paths built: the document already lists each
+        directory's entries in order, after their parent.
+        """
+        tree = cls.__new__(cls)
+        count = len(columns.names)
+        names: list[bytes | None] = [b""]
+        children: dict[int, dict[bytes, int]] = {ROOT: {}}
+        subdirs = [0] * (count + 1)
+        last: dict[int, bytes] = {}
+        total = files = 0
+        for i, (name, parent, size, digest) in enumerate(
+            zip(columns.names, columns.parents, columns.sizes, columns.digests, strict=True)
+        ):
+            encoded = _checked(name).encode("utf-8", "surrogateescape")
+            siblings = children.get(parent)
+            if siblings is None:
+                raise TreeError(f"entry {name!r} does not follow a directory it is in")
+            if parent in last and encoded <= last[parent]:
+                raise TreeError(f"duplicate or unordered entry in tree: {name!r}")
+            siblings[encoded] = i + 2
+            last[parent] = encoded
+            names.append(encoded)
+            if digest is None:
+                children[i + 2] = {}
+                subdirs[parent - 1] += 1
+            elif size < 0:
+                raise TreeError(f"negative size for {name!r}")
+            else:
+                total += size
+                files += 1
+        tree._names = names
+        tree._parents = [ROOT, *columns.parents]
+        tree._mtimes = [columns.root_mtime_ns, *columns.mtimes]
+        tree._sizes = [0, *columns.sizes]
+        tree._digests = [None, *columns.digests]
+        tree._subdirs = subdirs
+        tree._children = children
+        tree._listings = {}
+        tree.total_size, tree.file_count, tree.inode_count = total, files, count + 1
+        tree.externals = {
+            columns.digests[i]: (url, columns.sizes[i])  # type: ignore[misc]
+            for i, url in columns.urls.items()
+        }
+        return tree
 
     @property
     def _slots(self) -> int:
@@ -316,33 +373,84 @@ class Tree:
 # -- the tree document ---------------------------------------------------------
 
 
-def encode(dirs: Iterable[DirRecord], files: Iterable[FileRecord]) -> bytes:
-    """The compressed tree document that ingest publishes.
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """A decoded tree document: one entry per directory or file, parents first.
 
-    Each record names its visibility by position in a shared table, since a
-    handful of distinct visibilities cover thousands of files.
+    Entry ``i`` is inode ``i + 2`` (the root, inode 1, is not an entry), and
+    entries come depth first with each directory's children in name order, so
+    a mount can take the columns as its inode table as they are.
     """
+
+    table: list[Access]  # every visibility the entries refer to, by position
+    root_mtime_ns: int
+    root_access: int
+    names: list[str]
+    parents: list[int]
+    mtimes: list[int]
+    sizes: list[int]
+    digests: list[str | None]  # None for a directory
+    access: list[int]
+    urls: dict[int, str]  # entry -> URL of content outside Elasticsearch
+
+
+def encode(dirs: Iterable[DirRecord], files: Iterable[FileRecord]) -> bytes:
+    """The compressed tree document that ingest publishes, from consistent records.
+
+    Columns of short names rather than records of full paths: a mount decodes
+    tldr's 38,405 files several times faster so (0.24 s as records). Each
+    entry names its visibility by position in a shared table, since a handful
+    of distinct visibilities cover thousands of files.
+    """
+    root = DirRecord("", 0)
+    entries: dict[str, DirRecord | FileRecord] = {}
+    for record in (*dirs, *files):
+        if record.path == "" and isinstance(record, DirRecord):
+            root = record
+        elif entries.setdefault(record.path, record) is not record:
+            raise TreeError(f"duplicate entry in tree: {record.path}")
+    for path in list(entries):
+        for parent in _parents(path)[:-1]:
+            if parent in entries:
+                break
+            entries[parent] = DirRecord(parent, 0)
     table: dict[Access, int] = {}
-
-    def ref(access: Access) -> int:
-        return table.setdefault(access, len(table))
-
-    doc = {
+    index = {"": ROOT}
+    doc: dict[str, Any] = {
         "format": FORMAT,
-        "dirs": [[d.path, d.mtime_ns, ref(d.access)] for d in dirs],
-        "files": [
-            [f.path, f.size, f.mtime_ns, f.digest, ref(f.access)]
-            + ([f.url] if f.url is not None else [])
-            for f in files
-        ],
+        "root": [root.mtime_ns, table.setdefault(root.access, len(table))],
+        **{column: [] for column in ("names", "parents", "mtimes", "sizes", "digests", "access")},
+        "urls": {},
     }
-    doc["access"] = [[a.public, list(a.groups)] for a in table]
+    for i, path in enumerate(sorted(entries, key=_sort_key)):
+        record = entries[path]
+        parent, _, name = path.rpartition("/")
+        index[path] = i + 2
+        doc["names"].append(name)
+        doc["parents"].append(index[parent])
+        doc["mtimes"].append(record.mtime_ns)
+        doc["access"].append(table.setdefault(record.access, len(table)))
+        is_file = isinstance(record, FileRecord)
+        doc["sizes"].append(record.size if is_file else 0)
+        doc["digests"].append(record.digest if is_file else None)
+        if is_file and record.url is not None:
+            doc["urls"][str(i)] = record.url
+    doc["table"] = [[a.public, list(a.groups)] for a in table]
     # ensure_ascii keeps names that are not valid UTF-8 (surrogate escapes) encodable.
     return gzip.compress(json.dumps(doc, separators=(",", ":")).encode("ascii"), mtime=0)
 
 
-def decode(blob: bytes) -> tuple[list[DirRecord], list[FileRecord]]:
-    """The records of `encode`'s output; a damaged document is a TreeError, never a crash."""
+def _sort_key(path: str) -> list[bytes]:
+    # Components compared as bytes: the order of a Tree's listings, and depth first.
+    return [part.encode("utf-8", "surrogateescape") for part in path.split("/")]
+
+
+def decode_columns(blob: bytes) -> Columns:
+    """The columns of `encode`'s output; a damaged document is a TreeError, never a crash.
+
+    Types and references are checked here; names and structure by the Tree built
+    from the columns.
+    """
     try:
         doc = json.loads(gzip.decompress(blob))
     except (OSError, EOFError, ValueError) as e:
@@ -351,12 +459,70 @@ def decode(blob: bytes) -> tuple[list[DirRecord], list[FileRecord]]:
         found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise TreeError(f"tree document has format {found!r}; this esfuse reads format {FORMAT}")
     try:
-        table = [Access(_bool(p), tuple(_str(g) for g in gs)) for p, gs in doc["access"]]
-        dirs = [DirRecord(_str(p), _int(m), table[_int(a)]) for p, m, a in doc["dirs"]]
-        files = [_file(entry, table) for entry in doc["files"]]
-    except (KeyError, TypeError, ValueError, IndexError) as e:
+        table = [Access(_bool(p), tuple(_str(g) for g in gs)) for p, gs in doc["table"]]
+        root_mtime, root_access = doc["root"]
+        names, parents, mtimes, sizes, digests, access = (
+            doc[k] for k in ("names", "parents", "mtimes", "sizes", "digests", "access")
+        )
+        columns = (names, parents, mtimes, sizes, digests, access)
+        if len({len(c) if isinstance(c, list) else -1 for c in columns}) != 1:
+            raise ValueError("columns of different lengths")
+        _check_types(names, str)
+        _check_types(digests, (str, type(None)))
+        for column in (parents, mtimes, sizes, access):
+            _check_types(column, int)
+        if not all(0 <= a < len(table) for a in (root_access, *set(access))):
+            raise ValueError("a visibility that is not in the table")
+        urls = {int(i): _str(u) for i, u in doc["urls"].items()}
+        if any(not 0 <= i < len(names) or digests[i] is None for i in urls):
+            raise ValueError("a URL for an entry that is not a file")
+        return Columns(
+            table, _int(root_mtime), _int(root_access), names, parents, mtimes, sizes,
+            digests, access, urls,
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         raise TreeError(f"tree document is corrupt: bad record ({e})") from None
+
+
+def _check_types(column: list[Any], kind: type | tuple[type, ...]) -> None:
+    # type(), not isinstance: json gives exact types, and True must not pass for an int.
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(column, list) or not all(type(v) in kinds for v in column):
+        raise TypeError(f"a column holds something other than {kinds[0].__name__}")
+
+
+def records(columns: Columns) -> tuple[list[DirRecord], list[FileRecord]]:
+    """The columns as records with full paths, for ingest, refresh and access pruning."""
+    paths = {ROOT: ""}
+    table = columns.table
+    dirs = [DirRecord("", columns.root_mtime_ns, table[columns.root_access])]
+    files: list[FileRecord] = []
+    for i, (name, parent, mtime, size, digest, access) in enumerate(
+        zip(
+            columns.names,
+            columns.parents,
+            columns.mtimes,
+            columns.sizes,
+            columns.digests,
+            columns.access,
+            strict=True,
+        )
+    ):
+        if parent not in paths:
+            raise TreeError(f"tree document is corrupt: entry {name!r} comes before its parent")
+        path = paths[parent] + "/" + _checked(name) if parent != ROOT else _checked(name)
+        if digest is None:
+            paths[i + 2] = path
+            dirs.append(DirRecord(path, mtime, table[access]))
+        else:
+            url = columns.urls.get(i)
+            files.append(FileRecord(path, size, mtime, digest, table[access], url))
     return dirs, files
+
+
+def decode(blob: bytes) -> tuple[list[DirRecord], list[FileRecord]]:
+    """The records of `encode`'s output; a damaged document is a TreeError, never a crash."""
+    return records(decode_columns(blob))
 
 
 def visible(
@@ -403,7 +569,10 @@ def _ancestors(paths: Iterable[str]) -> set[str]:
 
 def load(blob: bytes, viewer: Viewer) -> Tree:
     """The tree `viewer` may see, from a tree document."""
-    return Tree(*visible(*decode(blob), viewer))
+    columns = decode_columns(blob)
+    if all(viewer.sees(a) for a in columns.table):
+        return Tree.from_columns(columns)  # the usual case: nothing to prune
+    return Tree(*visible(*records(columns), viewer))
 
 
 def _file(entry: list[object], table: list[Access]) -> FileRecord:

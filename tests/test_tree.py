@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from esfuse.access import Viewer
 from esfuse.errors import TreeError
-from esfuse.tree import ROOT, DirRecord, FileRecord, Tree, decode, encode
+from esfuse.tree import ROOT, DirRecord, FileRecord, Tree, decode, decode_columns, encode, load
 
 FILES = [
     FileRecord("b.md", 3, 30, "d1"),
@@ -88,12 +89,30 @@ def test_duplicates_and_file_dir_clashes_are_refused():
         Tree([], [FileRecord("x/y", 1, 1, "d"), FileRecord("x", 1, 1, "d")])
 
 
-def v2(*files) -> dict:
-    return {"format": 2, "access": [[True, []]], "dirs": [], "files": list(files)}
+def v3(**changes) -> dict:
+    """A valid one-file document (a/x.md), with some fields replaced."""
+    doc = {
+        "format": 3,
+        "table": [[True, []]],
+        "root": [1, 0],
+        "names": ["a", "x.md"],
+        "parents": [1, 2],
+        "mtimes": [1, 1],
+        "sizes": [0, 5],
+        "digests": [None, "d"],
+        "access": [0, 0],
+        "urls": {},
+    }
+    return {**doc, **changes}
 
 
 def doc(payload) -> bytes:
     return gzip.compress(json.dumps(payload).encode())
+
+
+def test_the_valid_example_is_valid():
+    tree = load(doc(v3()), Viewer())
+    assert [f.path for f in tree.files()] == ["a/x.md"]
 
 
 @pytest.mark.parametrize(
@@ -103,21 +122,44 @@ def doc(payload) -> bytes:
         (gzip.compress(b"{not json"), "corrupt"),
         (gzip.compress(b"x" * 10)[:-4], "corrupt"),
         (doc([1, 2]), "format"),
-        (doc({"format": 99, "dirs": [], "files": []}), "format 99"),
-        (doc({"format": 2, "dirs": []}), "corrupt"),
-        (doc({"format": 1, "dirs": [], "files": []}), "format 1"),
-        (doc(v2(["a", "big", 1, "d", 0])), "corrupt"),
-        (doc(v2(["a", 1, 1, 0])), "corrupt"),
-        (doc(v2(["a", True, 1, "d", 0])), "corrupt"),
-        (doc(v2(["a", 1, 1, "d", 7])), "corrupt"),
-        (doc({**v2(["a", 1, 1, "d", 0]), "access": [["yes", []]]}), "corrupt"),
-        (doc(v2(["../a", 1, 1, "d", 0])), "invalid path"),
-        (doc(v2(["a", -1, 1, "d", 0])), "negative"),
+        (doc({"format": 99}), "format 99"),
+        (doc({"format": 2, "dirs": [], "files": []}), "format 2"),
+        (doc({k: v for k, v in v3().items() if k != "sizes"}), "corrupt"),
+        (doc(v3(sizes=[0, "big"])), "corrupt"),
+        (doc(v3(sizes=[0, True])), "corrupt"),
+        (doc(v3(sizes=[0])), "corrupt"),
+        (doc(v3(digests=[None, 7])), "corrupt"),
+        (doc(v3(access=[0, 7])), "corrupt"),
+        (doc(v3(root=[1, 3])), "corrupt"),
+        (doc(v3(table=[["yes", []]])), "corrupt"),
+        (doc(v3(urls={"0": "http://x/"})), "corrupt"),
+        (doc(v3(urls={"x": "http://x/"})), "corrupt"),
+        (doc(v3(names=["a", ".."])), "invalid"),
+        (doc(v3(names=["a", "b/c"])), "invalid"),
+        (doc(v3(parents=[1, 3])), "does not follow|before its parent"),
+        (doc(v3(parents=[2, 1])), "does not follow|before its parent"),
+        (doc(v3(names=["a", "a"], parents=[1, 1])), "duplicate"),
+        (doc(v3(sizes=[0, -1])), "negative"),
     ],
 )
-def test_broken_documents_are_tree_errors(blob, message):
+@pytest.mark.parametrize("viewer", [Viewer(), Viewer(frozenset({"x"}))])
+def test_broken_documents_are_tree_errors(blob, message, viewer):
     with pytest.raises(TreeError, match=message):
         Tree(*decode(blob))
+    with pytest.raises(TreeError, match=message):
+        load(blob, viewer)
+
+
+def test_the_fast_path_and_the_record_path_build_the_same_tree():
+    blob = encode(DIRS, FILES)
+    fast, slow = Tree.from_columns(decode_columns(blob)), Tree(*decode(blob))
+    assert list(fast.files()) == list(slow.files()) and list(fast.dirs()) == list(slow.dirs())
+    for path in ("", "a", "a/sub", "a/x.md", "café", "empty"):
+        one, other = fast.node(fast.resolve(path)), slow.node(slow.resolve(path))
+        assert (one.nlink, one.size, one.mtime_ns) == (other.nlink, other.size, other.mtime_ns)
+    assert (fast.total_size, fast.file_count, fast.inode_count, fast.dir_count) == (
+        slow.total_size, slow.file_count, slow.inode_count, slow.dir_count,
+    )  # fmt: skip
 
 
 name = st.text(
