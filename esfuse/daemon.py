@@ -29,6 +29,7 @@ import httpx
 import pyfuse3
 import trio
 
+from esfuse import protocol
 from esfuse.access import Viewer
 from esfuse.cache import ContentCache
 from esfuse.errors import EsfuseError
@@ -260,7 +261,7 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
             content = ContentCache(loader, pointer.chunk_size, options.cache_bytes)
             sessions = Sessions()
             grep = GrepService(tree, store, content, sessions, nursery)
-            ops = Operations(tree, content, nursery, sessions, str(socket_path))
+            ops = Operations(tree, content, nursery, sessions)
             preload = Preload(content, nursery) if options.preload else None
             users: list[TreeUser] = [ops, grep, *([preload] if preload else [])]
             refresher = Refresher(
@@ -281,9 +282,10 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
                 return status(store, refresher, content, started_at)
 
             control = ControlServer({"grep": grep_op, "status": status_op})
+            source = protocol.mount_source(options.index, str(socket_path))
             listener = await bind(socket_path)
             try:
-                _fuse_init(ops, options)
+                _fuse_init(ops, options, source)
                 write_record(options.mountpoint, options.index, options.connection.where)
                 nursery.start_soon(control.serve, listener)
                 nursery.start_soon(_handle_signals, refresher)
@@ -354,10 +356,10 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _fuse_init(ops: Operations, options: MountOptions) -> None:
+def _fuse_init(ops: Operations, options: MountOptions, source: str) -> None:
     fuse_options = set(pyfuse3.default_options) | {
         "ro",
-        f"fsname=esfuse:{options.index}",
+        f"fsname={source}",
         "subtype=esfuse",
         "noatime",
     }

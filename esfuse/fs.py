@@ -21,8 +21,7 @@ import trio
 from esfuse.cache import ContentCache
 from esfuse.errors import StoreError
 from esfuse.grep.service import Sessions
-from esfuse.protocol import XATTR
-from esfuse.tree import ROOT, Changes, Node, Tree
+from esfuse.tree import Changes, Node, Tree
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +36,6 @@ READ_AHEAD_WINDOW = 32
 # Attributes kept ready for readdir and lookup, which rebuilt them per entry and
 # spent half a warm `grep -r` doing so (py-spy); about 200 bytes each.
 ATTRIBUTES_KEPT = 1 << 17
-SOCKET_XATTR = XATTR.encode()
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 # Our build of pyfuse3 (scripts/build-pyfuse3) hands `read` the inode when no open
 # preceded it, so `open` can answer ENOSYS and the kernel stops sending open and
@@ -85,7 +83,6 @@ class Operations(pyfuse3.Operations):
         content: ContentCache,
         nursery: trio.Nursery,
         sessions: Sessions,
-        socket_path: str,
     ) -> None:
         super().__init__()
         self.tree = tree
@@ -95,7 +92,6 @@ class Operations(pyfuse3.Operations):
         self.content = content
         self.nursery = nursery
         self.sessions = sessions
-        self.socket_path = socket_path.encode("utf-8", "surrogateescape")
         self.uid = os.getuid()
         self.gid = os.getgid()
         self._misses_in_dir: dict[int, int] = {}
@@ -261,18 +257,10 @@ class Operations(pyfuse3.Operations):
         stat.f_namemax = 255
         return stat
 
-    @boundary
-    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
-        self.tree.node(inode)
-        if inode == ROOT and name == SOCKET_XATTR:
-            return self.socket_path
-        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-
-    @boundary
-    async def listxattr(self, inode: int, ctx: Any) -> Any:
-        self.tree.node(inode)
-        # The root tells esgrep where this mount's daemon listens.
-        return [SOCKET_XATTR] if inode == ROOT else []
+    # No getxattr or listxattr: pyfuse3 answers ENOSYS, and from then on the kernel
+    # answers every extended attribute call itself (EOPNOTSUPP). `ls -l` asks two per
+    # file (security.selinux, system.posix_acl_access): on a 100,000-entry directory
+    # they were 200,000 requests and most of its 7 s.
 
     async def forget(self, inode_list: Any) -> None:
         # Inodes are positions in an immutable tree: there is nothing to free.

@@ -15,29 +15,39 @@ FSTYPE = "fuse.esfuse"
 _ESCAPE = re.compile(rb"\\([0-7]{3})")
 
 
-def mounts() -> list[tuple[str, str]]:
-    """(mountpoint, fstype) of every mount, in mount order."""
+def mounts() -> list[tuple[str, str, str]]:
+    """(mountpoint, fstype, source) of every mount, in mount order."""
     found = []
     with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
             fields = line.split()
-            point = _ESCAPE.sub(lambda m: bytes([int(m[1], 8)]), fields[4])
-            fstype = fields[fields.index(b"-") + 1].decode()
-            found.append((os.fsdecode(point), fstype))
+            after = fields.index(b"-")
+            point, fstype, source = fields[4], fields[after + 1], fields[after + 2]
+            found.append((_unescaped(point), fstype.decode(), _unescaped(source)))
     return found
 
 
+def _unescaped(field: bytes) -> str:
+    return os.fsdecode(_ESCAPE.sub(lambda m: bytes([int(m[1], 8)]), field))
+
+
+def mount_at(mountpoint: os.PathLike[str] | str) -> tuple[str, str] | None:
+    """(fstype, source) of the file system mounted at `mountpoint` (the last one wins)."""
+    wanted = os.path.abspath(mountpoint)
+    found = [(fstype, source) for point, fstype, source in mounts() if point == wanted]
+    return found[-1] if found else None
+
+
 def fstype_at(mountpoint: os.PathLike[str] | str) -> str | None:
-    """The type of the file system mounted at `mountpoint` (the last one wins), or None."""
-    wanted = os.fspath(mountpoint)
-    types = [fstype for point, fstype in mounts() if point == wanted]
-    return types[-1] if types else None
+    """The type of the file system mounted at `mountpoint`, or None."""
+    found = mount_at(mountpoint)
+    return found[0] if found else None
 
 
 def esfuse_mount_of(path: str) -> str | None:
     """The esfuse mountpoint that holds `path` (absolute, resolved), or None."""
     holder: tuple[str, str] | None = None
-    for point, fstype in mounts():
+    for point, fstype, _ in mounts():
         inside = path == point or path.startswith(point.rstrip("/") + "/")
         # Deeper mounts shadow shallower ones; a later mount shadows an earlier one.
         if inside and (holder is None or len(point) >= len(holder[0])):

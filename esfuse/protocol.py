@@ -11,12 +11,14 @@ socket, to start fast.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
 import struct
 import time
 
+from esfuse import mountinfo
 from esfuse.errors import EsfuseError
 
 # esgrep imports this module on every call; `typing` alone would add a third to its start-up.
@@ -26,7 +28,6 @@ if TYPE_CHECKING:
 
 VERSION = 1
 MAX_FRAME = 1 << 20
-XATTR = "user.esfuse.socket"
 _HEADER = struct.Struct(">I")
 
 
@@ -34,10 +35,22 @@ class ProtocolError(EsfuseError):
     """A malformed, truncated or oversized message."""
 
 
+def mount_source(index: str, socket_path: str) -> str:
+    """What an esfuse mount shows as its source in the mount table: the index it
+    serves and its daemon's control socket. Any program that sees the mount sees
+    its table entry, in a sandbox too, without asking the mount anything."""
+    # libfuse splits options at commas and takes backslashes as escapes.
+    if any(c in socket_path for c in ",\\") or ":" in index:
+        raise EsfuseError(f"cannot name {socket_path!r} of index {index!r} in a mount's source")
+    return f"esfuse:{index}:{socket_path}"
+
+
 def socket_of(mountpoint: str | os.PathLike[str]) -> str:
-    """The control socket of the daemon serving `mountpoint`, named by the root's xattr
-    (OSError when it is not an esfuse mount)."""
-    return os.getxattr(mountpoint, XATTR).decode("utf-8", "surrogateescape")
+    """The control socket of the daemon serving `mountpoint` (OSError when there is none)."""
+    found = mountinfo.mount_at(mountpoint)
+    if found is None or found[0] != mountinfo.FSTYPE or found[1].count(":") < 2:
+        raise OSError(errno.ENOENT, "not an esfuse mount", os.fspath(mountpoint))
+    return found[1].split(":", 2)[2]
 
 
 def encode(message: dict[str, Any]) -> bytes:

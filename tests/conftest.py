@@ -99,7 +99,7 @@ def mount_or_fail(docs: Docs, mountpoint: Path, *extra) -> Path:
 
 def status(mountpoint: Path) -> dict:
     """The mount's daemon's status, asked through its control socket."""
-    path = os.getxattr(mountpoint, protocol.XATTR).decode()
+    path = protocol.socket_of(mountpoint)
     answer = protocol.call(path, {"op": "status"}, 30)
     assert answer["ok"], answer
     return answer

@@ -265,7 +265,7 @@ def test_esgrep_over_each_mount_equals_grep_over_it(secured):
 
 def test_raw_socket_requests_for_hidden_scopes_learn_nothing(secured):
     _, mounts = secured
-    path = os.getxattr(mounts["public"], protocol.XATTR).decode()
+    path = protocol.socket_of(mounts["public"])
     for scope in ("internal", "internal/admin-only/keys.md", "mixed/secret-plan.md", "nope"):
         response = protocol.call(
             path,
@@ -311,7 +311,7 @@ def test_elasticsearch_itself_withholds_what_a_viewer_may_not_see(secured):
 
 def test_another_user_cannot_use_the_control_socket(secured):
     _, mounts = secured
-    path = os.getxattr(mounts["all"], protocol.XATTR).decode()
+    path = protocol.socket_of(mounts["all"])
     code = (
         "import socket,sys\ns=socket.socket(socket.AF_UNIX)\n"
         "try:\n s.connect(sys.argv[1])\nexcept PermissionError:\n sys.exit(13)\n"

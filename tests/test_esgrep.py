@@ -251,7 +251,7 @@ def test_one_search_and_few_bulk_fetches_per_call(docs, tmp_path):
 def test_a_dead_daemon_is_one_line_and_exit_2(docs, tmp_path):
     mountpoint = mount_or_fail(docs, tmp_path / "m")
     try:
-        socket_path = Path(os.getxattr(mountpoint, protocol.XATTR).decode())
+        socket_path = Path(protocol.socket_of(mountpoint))
         socket_path.unlink()
         done = run(ESGREP, "-r", "token", mountpoint, text=True)
         assert done.returncode == 2 and done.stdout == ""
@@ -330,7 +330,7 @@ def frame(body: bytes) -> bytes:
     ],
 )
 def test_malformed_requests_are_refused_and_the_daemon_keeps_serving(mounted, payload, error):
-    path = os.getxattr(mounted, protocol.XATTR).decode()
+    path = protocol.socket_of(mounted)
     body = raw(path, payload)
     response = protocol.decode(body[4:])
     assert response["ok"] is False and error in response["error"], response
@@ -338,7 +338,7 @@ def test_malformed_requests_are_refused_and_the_daemon_keeps_serving(mounted, pa
 
 
 def test_the_socket_is_owner_only_and_survives_a_flood(mounted):
-    path = Path(os.getxattr(mounted, protocol.XATTR).decode())
+    path = Path(protocol.socket_of(mounted))
     assert (path.stat().st_mode & 0o777) == 0o600
     for i in range(300):
         with socket.socket(socket.AF_UNIX) as s:

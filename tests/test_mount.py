@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from esfuse import mountinfo, protocol
 from esfuse.daemon import read_record, record_path
 from tests.conftest import ESFUSE, Docs, corpus, esfuse, mount_or_fail, run, status, unmount
 
@@ -154,9 +155,17 @@ def test_statfs_and_xattrs(mounted, docs):
     files, _ = done.stdout.split()
     tree_inodes = sum(1 for _ in docs.src.rglob("*")) + 1
     assert int(files) == tree_inodes
-    assert os.listxattr(mounted / "README.md") == []
-    done = run("getfattr", "-d", mounted / "README.md", text=True)
-    assert done.returncode == 0 and done.stderr == ""
+    # No extended attributes, and the kernel says so itself (ls -l asks two per file).
+    for probe in (os.listxattr, lambda p: os.getxattr(p, "user.x")):
+        with pytest.raises(OSError) as raised:
+            probe(mounted / "README.md")
+        assert raised.value.errno == errno.EOPNOTSUPP
+    # The mount table names the index and the daemon's control socket.
+    socket_path = record_path(mounted, ".sock")
+    assert mountinfo.mount_at(mounted) == ("fuse.esfuse", f"esfuse:{docs.name}:{socket_path}")
+    assert protocol.socket_of(mounted) == str(socket_path)
+    with pytest.raises(OSError):
+        protocol.socket_of(mounted / "guide")
 
 
 def test_eight_concurrent_readers_for_thirty_seconds(mounted, fixture_src):

@@ -60,7 +60,7 @@ def test_ten_thousand_bad_messages_leave_the_daemon_serving_and_flat(docs, tmp_p
     mountpoint = mount_or_fail(docs, tmp_path / "m")
     try:
         pid = read_record(mountpoint)["pid"]
-        path = os.getxattr(mountpoint, protocol.XATTR).decode()
+        path = protocol.socket_of(mountpoint)
         rng = random.Random(11)
         payloads = [garbage(rng) for _ in range(10_000)]
         with ThreadPoolExecutor(8) as pool:
