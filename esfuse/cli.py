@@ -23,6 +23,7 @@ from esfuse import daemon, ingest, protocol, sandbox, store
 from esfuse.access import EVERYTHING, Rules, Viewer
 from esfuse.config import default_map
 from esfuse.errors import EsfuseError
+from esfuse.treecache import default_directory
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +254,12 @@ def _viewer(groups: str | None, everything: bool) -> Viewer:
     help="Memory for file contents.",
 )
 @click.option(
+    "--tree-cache/--no-tree-cache",
+    default=True,
+    show_default=True,
+    help="Keep decoded trees on local disk, so a later mount skips fetching them.",
+)
+@click.option(
     "--preload/--no-preload",
     default=True,
     show_default=True,
@@ -282,6 +289,7 @@ def mount_command(
     everything: bool,
     refresh: float,
     cache_size: int,
+    tree_cache: bool,
     preload: bool,
     allow_other: bool,
     debug_fuse: bool,
@@ -295,6 +303,7 @@ def mount_command(
         viewer=_viewer(groups, everything),
         cache_bytes=cache_size,
         preload=preload,
+        tree_cache=default_directory() if tree_cache else None,
         refresh=refresh,
         allow_other=allow_other,
         debug_fuse=debug_fuse,

@@ -41,6 +41,7 @@ from esfuse.refresh import Refresher, TreeUser
 from esfuse.server import ControlServer, Peer, bind
 from esfuse.store import Connection, Store, connect
 from esfuse.tree import Tree
+from esfuse.treecache import TreeCache
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class MountOptions:
     viewer: Viewer = PUBLIC_ONLY
     cache_bytes: int = 256 << 20
     preload: bool = True
+    tree_cache: Path | None = None
     refresh: float = 10.0
     allow_other: bool = False
     debug_fuse: bool = False
@@ -242,7 +244,8 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
     try:
         store = Store(client, options.index, options.connection.where, options.viewer)
         started = time.monotonic()
-        pointer, tree = await store.load_tree(options.viewer)
+        cache = TreeCache(options.tree_cache) if options.tree_cache else None
+        pointer, tree = await store.load_tree(options.viewer, cache)
         load_seconds = time.monotonic() - started
         log.info(
             "loaded tree version %d of %r: %d files in %.3f s",

@@ -36,6 +36,7 @@ from elasticsearch import AsyncElasticsearch
 from esfuse import tree as treedoc
 from esfuse.access import EVERYTHING, Viewer
 from esfuse.errors import StoreError, TreeError
+from esfuse.treecache import TreeCache
 
 log = logging.getLogger(__name__)
 
@@ -232,14 +233,19 @@ class Store:
         except (KeyError, TypeError) as e:
             raise StoreError(f"tree pointer of {self.name!r} is corrupt: {e}") from None
 
-    async def tree_document(self, pointer: Pointer | None = None) -> tuple[Pointer, bytes]:
-        """The published tree document, checked against its pointer's checksum."""
-        if pointer is None:
-            pointer = await self.pointer()
+    async def current(self) -> Pointer:
+        """The published pointer; a StoreError when nothing was ever published."""
+        pointer = await self.pointer()
         if pointer is None:
             raise StoreError(
                 f"index {self.name!r} has no published tree (run `esfuse ingest` first)"
             )
+        return pointer
+
+    async def tree_document(self, pointer: Pointer | None = None) -> tuple[Pointer, bytes]:
+        """The published tree document, checked against its pointer's checksum."""
+        if pointer is None:
+            pointer = await self.current()
         ids = [f"tree-{pointer.version}-{n}" for n in range(pointer.parts)]
         with self._backend(f"reading tree version {pointer.version}"):
             resp = await self.client.mget(index=self.index("meta"), ids=ids)
@@ -251,10 +257,24 @@ class Store:
             raise TreeError(f"tree version {pointer.version} of {self.name!r} fails its checksum")
         return pointer, blob
 
-    async def load_tree(self, viewer: Viewer) -> tuple[Pointer, treedoc.Tree]:
-        """The published tree, as much of it as `viewer` may see."""
-        pointer, blob = await self.tree_document()
-        return pointer, treedoc.load(blob, viewer)
+    async def load_tree(
+        self, viewer: Viewer, cache: TreeCache | None = None
+    ) -> tuple[Pointer, treedoc.Tree]:
+        """The published tree, as much of it as `viewer` may see; from `cache` if it
+        holds this version, else fetched (and then kept there)."""
+        pointer = await self.current()
+        columns = cache.get(self.name, pointer.sha256) if cache else None
+        if columns is not None:
+            try:
+                return pointer, treedoc.load_columns(columns, viewer)
+            except TreeError as e:
+                log.warning("the cached tree of %r is damaged (%s); fetching it", self.name, e)
+        _, blob = await self.tree_document(pointer)
+        columns = treedoc.decode_columns(blob)
+        tree = treedoc.load_columns(columns, viewer)
+        if cache:
+            cache.put(self.name, pointer.sha256, columns)
+        return pointer, tree
 
     async def fetch_chunks(self, keys: Sequence[ChunkKey]) -> dict[ChunkKey, bytes]:
         """Content chunks by key, in one request, filtered to what the viewer may see."""

@@ -33,6 +33,12 @@ def esfuse(*args, **kwargs) -> subprocess.CompletedProcess:
     return run(*ESFUSE, *args, text=True, **kwargs)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tree_cache(tmp_path_factory) -> None:
+    """Mounts keep decoded trees in a directory of this session, not the machine's."""
+    os.environ["ESFUSE_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+
+
 @pytest.fixture(scope="session")
 def es_url() -> str:
     url = os.environ.get("ESFUSE_TEST_ES")

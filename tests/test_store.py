@@ -11,9 +11,11 @@ import pytest
 import trio
 
 from esfuse import store as layout
-from esfuse.access import EVERYTHING
+from esfuse.access import EVERYTHING, Viewer
 from esfuse.cache import ContentCache
+from esfuse.errors import TreeError
 from esfuse.store import Connection, Store, connect
+from esfuse.treecache import TreeCache
 from tests.conftest import ESFUSE, Docs, esfuse, run
 
 pytestmark = pytest.mark.es
@@ -206,3 +208,30 @@ def test_a_damaged_published_tree_is_replaced_by_the_next_ingest(small):
     assert "cannot be used" in done.stderr and "3 added" in done.stdout
     _, tree = with_store(small, lambda s: s.load_tree(EVERYTHING))
     assert tree.file_count == 3
+
+
+def test_a_cached_tree_spares_the_download_and_a_damaged_one_is_a_miss(small, es, tmp_path):
+    assert small.ingest().returncode == 0
+    cache = TreeCache(tmp_path / "trees")
+    _, first = with_store(small, lambda s: s.load_tree(EVERYTHING, cache))
+    (entry,) = (tmp_path / "trees").iterdir()
+    # With the document gone from Elasticsearch, only the cache can give the tree.
+    meta = f"{small.name}-meta"
+    pointer = es.get(index=meta, id="current")["_source"]
+    parts = [f"tree-{pointer['version']}-{n}" for n in range(pointer["parts"])]
+    saved = {part: es.get(index=meta, id=part)["_source"] for part in parts}
+    for part in saved:
+        es.delete(index=meta, id=part, refresh=True)
+    _, again = with_store(small, lambda s: s.load_tree(EVERYTHING, cache))
+    assert list(again.files()) == list(first.files())
+    _, public = with_store(small, lambda s: s.load_tree(Viewer(), cache))
+    assert [f.path for f in public.files()] == ["a.md", "b/b.md", "c.md"]
+    with pytest.raises(TreeError):
+        with_store(small, lambda s: s.load_tree(EVERYTHING))
+    # A damaged entry is fetched again, and replaced.
+    for part, source in saved.items():
+        es.index(index=meta, id=part, document=source, refresh=True)
+    entry.write_bytes(b"garbage")
+    _, fetched = with_store(small, lambda s: s.load_tree(EVERYTHING, cache))
+    assert list(fetched.files()) == list(first.files())
+    assert TreeCache(tmp_path / "trees").get(small.name, entry.name.split(".")[1]) is not None

@@ -9,7 +9,16 @@ from hypothesis import strategies as st
 
 from esfuse.access import Viewer
 from esfuse.errors import TreeError
-from esfuse.tree import ROOT, DirRecord, FileRecord, Tree, decode, decode_columns, encode, load
+from esfuse.tree import (
+    ROOT,
+    DirRecord,
+    FileRecord,
+    Tree,
+    decode,
+    decode_columns,
+    encode,
+    load_columns,
+)
 
 FILES = [
     FileRecord("b.md", 3, 30, "d1"),
@@ -111,7 +120,7 @@ def doc(payload) -> bytes:
 
 
 def test_the_valid_example_is_valid():
-    tree = load(doc(v3()), Viewer())
+    tree = load_columns(decode_columns(doc(v3())), Viewer())
     assert [f.path for f in tree.files()] == ["a/x.md"]
 
 
@@ -147,7 +156,7 @@ def test_broken_documents_are_tree_errors(blob, message, viewer):
     with pytest.raises(TreeError, match=message):
         Tree(*decode(blob))
     with pytest.raises(TreeError, match=message):
-        load(blob, viewer)
+        load_columns(decode_columns(blob), viewer)
 
 
 def test_the_fast_path_and_the_record_path_build_the_same_tree():
