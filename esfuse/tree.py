@@ -406,6 +406,10 @@ class Columns:
     access: list[int]
     urls: dict[int, str]  # entry -> URL of content outside Elasticsearch
 
+    def entries(self) -> tuple[list[Any], ...]:
+        """The per-entry columns, in the order the constructor takes them."""
+        return self.names, self.parents, self.mtimes, self.sizes, self.digests, self.access
+
 
 def encode(dirs: Iterable[DirRecord], files: Iterable[FileRecord]) -> bytes:
     """The compressed tree document that ingest publishes, from consistent records.
@@ -511,15 +515,7 @@ def records(columns: Columns) -> tuple[list[DirRecord], list[FileRecord]]:
     dirs = [DirRecord("", columns.root_mtime_ns, table[columns.root_access])]
     files: list[FileRecord] = []
     for i, (name, parent, mtime, size, digest, access) in enumerate(
-        zip(
-            columns.names,
-            columns.parents,
-            columns.mtimes,
-            columns.sizes,
-            columns.digests,
-            columns.access,
-            strict=True,
-        )
+        zip(*columns.entries(), strict=True)
     ):
         if parent not in paths:
             raise TreeError(f"tree document is corrupt: entry {name!r} comes before its parent")

@@ -66,12 +66,7 @@ class TreeCache:
             [(a.public, list(a.groups)) for a in columns.table],
             columns.root_mtime_ns,
             columns.root_access,
-            columns.names,
-            columns.parents,
-            columns.mtimes,
-            columns.sizes,
-            columns.digests,
-            columns.access,
+            *columns.entries(),
             columns.urls,
         )
         try:
