@@ -171,7 +171,7 @@ class ContentCache:
     async def read(self, digest: str, size: int, offset: int, length: int) -> bytes:
         """Up to `length` bytes at `offset` of a file of `size` bytes with content `digest`."""
         keys, end = self._span(digest, size, offset, length)
-        chunks = await self.chunks.get_many(keys) if keys else []
+        chunks = await self.chunks.get_many(keys)
         return self._assemble(keys, chunks, size, offset, end)
 
     def cached(self, digest: str, size: int, offset: int, length: int) -> bytes | None:
