@@ -325,8 +325,11 @@ class Store:
             with self._backend(f"listing {index}"):
                 await self.client.close_point_in_time(id=pit)
 
-    async def search_files(self, query: dict[str, Any], scopes: list[str]) -> set[tuple[str, str]]:
-        """(path, digest) of every file document under `scopes` that matches `query`.
+    async def search_files(
+        self, query: dict[str, Any], scopes: list[str], limit: int | None = None
+    ) -> set[tuple[str, str]] | None:
+        """(path, digest) of every file document under `scopes` that matches `query`;
+        None if more than `limit` do (counted by the first request, so no more follow).
 
         A scope is a path relative to the root ("" for all of it); a directory
         scope is a prefix filter, so the request stays small whatever it covers.
@@ -350,8 +353,10 @@ class Store:
                     source=False,
                     docvalue_fields=["path", "digest"],
                     search_after=after,
-                    track_total_hits=False,
+                    track_total_hits=after is None and limit is not None,
                 )
+            if after is None and limit is not None and resp["hits"]["total"]["value"] > limit:
+                return None
             hits = resp["hits"]["hits"]
             found.update((h["fields"]["path"][0], h["fields"]["digest"][0]) for h in hits)
             if len(hits) < SEARCH_PAGE:

@@ -248,6 +248,27 @@ def test_one_search_and_few_bulk_fetches_per_call(docs, tmp_path):
         unmount(mountpoint)
 
 
+def test_a_pattern_most_files_may_match_reads_everything_after_one_request(
+    docs, fixture_src, tmp_path
+):
+    mountpoint = mount_or_fail(docs, tmp_path / "m", "--no-preload")
+    try:
+        # "of the wide directory" is in 5000 of the fixture's files: more than half.
+        request = {"op": "grep", "patterns": ["wide directory"], "dialect": "F"}
+        answer = protocol.call(
+            protocol.socket_of(mountpoint), {**request, "scopes": [""], "every_file": False}, 10
+        )
+        assert answer["mode"] == "all"
+        assert status(mountpoint)["requests"]["search"] == 1  # counted, not listed
+        ours = run(ESGREP, "-rl", "wide directory", ".", cwd=mountpoint, text=True)
+        theirs = run("grep", "-rl", "wide directory", ".", cwd=fixture_src, text=True)
+        assert ours.returncode == theirs.returncode == 0
+        assert sorted(ours.stdout.splitlines()) == sorted(theirs.stdout.splitlines())
+        assert len(ours.stdout.splitlines()) == 5000
+    finally:
+        unmount(mountpoint)
+
+
 def test_a_dead_daemon_is_one_line_and_exit_2(docs, tmp_path):
     mountpoint = mount_or_fail(docs, tmp_path / "m")
     try:

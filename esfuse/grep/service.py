@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 MAX_PATTERNS = 10_000
 MAX_SCOPES = 1_000
 MAX_SESSIONS = 256
+# Above this share of the tree's files matching, a search stops narrowing.
+UNSELECTIVE = 0.5
 
 
 class Sessions:
@@ -148,12 +150,10 @@ class GrepService:
         if not tops:  # no operand exists: grep will say so, and reads nothing here
             candidates: list[FileRecord] = []
             mode = "all" if isinstance(query, plan.All) else "filtered"
-        elif isinstance(query, plan.All):
+        elif isinstance(query, plan.All) or (hits := await self._search(query, tops)) is None:
             candidates = [f for _, f in files_in(self.tree, tops)]
             mode = "all"
         else:
-            paths = [self.tree.path(inode) for inode in tops]
-            hits = await self.store.search_files(plan.to_elasticsearch(query), paths)
             inodes = self._current(hits) + [
                 i for i in self._unindexed if _under(self.tree, i, tops)
             ]
@@ -166,6 +166,14 @@ class GrepService:
         self.content.prefetch(self.nursery, ((f.digest, f.size) for f in candidates))
         log.debug("grep %r in %s: %d candidates (%s)", patterns, scopes, len(candidates), mode)
         return {"mode": mode, "candidates": len(candidates)}
+
+    async def _search(self, query: plan.Query, tops: list[int]) -> set[tuple[str, str]] | None:
+        """The files that may match; None when most of the tree may, and grep is
+        better off reading everything than the daemon listing every hit (over
+        tldr, esgrep -r the took 0.49 s narrowed, against 0.32 s for grep -r)."""
+        paths = [self.tree.path(inode) for inode in tops]
+        limit = int(self.tree.file_count * UNSELECTIVE)
+        return await self.store.search_files(plan.to_elasticsearch(query), paths, limit)
 
     def _current(self, hits: set[tuple[str, str]]) -> list[int]:
         """Inodes of the hits that the tree holds with the same content."""
