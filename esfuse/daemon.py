@@ -291,7 +291,8 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
                 _fuse_init(ops, options, source)
                 write_record(options.mountpoint, options.index, options.connection.where)
                 nursery.start_soon(control.serve, listener)
-                nursery.start_soon(_handle_signals, refresher)
+                # Started, not just scheduled: a SIGTERM right after ready() must unmount.
+                await nursery.start(_handle_signals, refresher)
                 nursery.start_soon(refresher.run)
                 ready()
                 if preload:
@@ -376,8 +377,11 @@ def _fuse_init(ops: Operations, options: MountOptions, source: str) -> None:
         raise EsfuseError(f"cannot mount on {options.mountpoint}: {e}") from None
 
 
-async def _handle_signals(refresher: Refresher) -> None:
+async def _handle_signals(
+    refresher: Refresher, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        task_status.started()
         async for signum in signals:
             if signum == signal.SIGHUP:
                 log.info("received SIGHUP, refreshing the tree")
