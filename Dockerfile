@@ -8,7 +8,7 @@
 FROM python:3.11.10-slim-bookworm AS build
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-        libfuse3-dev=3.14.0-4 pkg-config=1.8.1-1 gcc=4:12.2.0-3 patch=2.7.6-7 \
+        libfuse3-dev=3.14.0-4 pkg-config=1.8.1-1 gcc=4:12.2.0-3 patch=2.7.6-7+deb12u1 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 1000 builder \
     && install -d -o builder /opt/esfuse
