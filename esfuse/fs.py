@@ -39,7 +39,8 @@ ATTRIBUTES_KEPT = 1 << 17
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 # Our build of pyfuse3 (scripts/build-pyfuse3) hands `read` the inode when no open
 # preceded it, so `open` can answer ENOSYS and the kernel stops sending open and
-# release: a warm `grep -r` over tldr then takes 0.23 s instead of 2.0 s.
+# release: a warm `grep -r` over tldr through a RAM-only pyfuse3 file system took
+# 0.23 s so, against 2.0 s with opens.
 SKIP_OPENS = getattr(pyfuse3, "READ_GETS_INODE_WITHOUT_OPEN", False)
 
 
