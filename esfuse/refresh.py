@@ -10,6 +10,7 @@ the mount keeps its last good tree.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -76,6 +77,7 @@ class Refresher:
             self.last_error = str(e)
             log.error("refresh failed, keeping tree version %d: %s", self.version, e)
             return False
+        gc.freeze()  # as at mount (see daemon.serve): the collector need not walk it
         diff = changes(self.tree, new)
         for user in self.users:
             user.swap(new)
