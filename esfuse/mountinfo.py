@@ -44,12 +44,13 @@ def fstype_at(mountpoint: os.PathLike[str] | str) -> str | None:
     return found[0] if found else None
 
 
-def esfuse_mount_of(path: str) -> str | None:
-    """The esfuse mountpoint that holds `path` (absolute, resolved), or None."""
-    holder: tuple[str, str] | None = None
-    for point, fstype, _ in mounts():
+def esfuse_mount_of(path: str, table: list[tuple[str, str, str]]) -> tuple[str, str] | None:
+    """(mountpoint, source) of the esfuse mount in `table` (see `mounts`) that holds
+    `path` (absolute, resolved), or None."""
+    holder: tuple[str, str, str] | None = None
+    for point, fstype, source in table:
         inside = path == point or path.startswith(point.rstrip("/") + "/")
         # Deeper mounts shadow shallower ones; a later mount shadows an earlier one.
         if inside and (holder is None or len(point) >= len(holder[0])):
-            holder = (point, fstype)
-    return holder[0] if holder is not None and holder[1] == FSTYPE else None
+            holder = (point, fstype, source)
+    return (holder[0], holder[2]) if holder is not None and holder[1] == FSTYPE else None

@@ -45,12 +45,19 @@ def mount_source(index: str, socket_path: str) -> str:
     return f"esfuse:{index}:{socket_path}"
 
 
+def socket_in(source: str) -> str | None:
+    """The control socket that an esfuse mount's source (see `mount_source`) names."""
+    parts = source.split(":", 2)
+    return parts[2] if len(parts) == 3 and parts[0] == "esfuse" else None
+
+
 def socket_of(mountpoint: str | os.PathLike[str]) -> str:
     """The control socket of the daemon serving `mountpoint` (OSError when there is none)."""
     found = mountinfo.mount_at(mountpoint)
-    if found is None or found[0] != mountinfo.FSTYPE or found[1].count(":") < 2:
+    path = socket_in(found[1]) if found is not None and found[0] == mountinfo.FSTYPE else None
+    if path is None:
         raise OSError(errno.ENOENT, "not an esfuse mount", os.fspath(mountpoint))
-    return found[1].split(":", 2)[2]
+    return path
 
 
 def encode(message: dict[str, Any]) -> bytes:

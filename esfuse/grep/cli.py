@@ -15,7 +15,7 @@ import sys
 
 from esfuse import protocol
 from esfuse.grep import options
-from esfuse.mountinfo import esfuse_mount_of
+from esfuse.mountinfo import esfuse_mount_of, mounts
 
 TYPE_CHECKING = False  # not importing typing keeps esgrep's start-up short
 if TYPE_CHECKING:
@@ -50,27 +50,29 @@ def fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
-def locate(operands: list[str]) -> tuple[str, list[str]] | None:
-    """The one esfuse mount holding every operand, and the operands relative to it."""
-    mount: str | None = None
+def locate(operands: list[str]) -> tuple[tuple[str, str], list[str]] | None:
+    """The one esfuse mount holding every operand (mountpoint, source), and the
+    operands relative to it."""
+    table = mounts()  # read once: every operand is looked up in the same table
+    mount: tuple[str, str] | None = None
     scopes = []
     for operand in operands:
         path = os.path.realpath(operand)
-        holder = esfuse_mount_of(path)
+        holder = esfuse_mount_of(path, table)
         if holder is None or mount not in (None, holder):
             return None
         mount = holder
-        relative = os.path.relpath(path, holder)
+        relative = os.path.relpath(path, holder[0])
         scopes.append("" if relative == "." else relative)
     return (mount, scopes) if mount is not None else None
 
 
-def prepare(mount: str, scopes: list[str], call: options.GrepCall) -> None:
+def prepare(found: tuple[str, str], scopes: list[str], call: options.GrepCall) -> None:
     """Ask the mount's daemon to plan, prefetch and narrow; exits 2 with a reason if it cannot."""
-    try:
-        socket_path = protocol.socket_of(mount)
-    except OSError as e:
-        fail(f"{mount}: cannot find its esfuse daemon ({e.strerror}); is it mounted by esfuse?")
+    mount, source = found
+    socket_path = protocol.socket_in(source)
+    if socket_path is None:
+        fail(f"{mount}: cannot find its esfuse daemon; is it mounted by esfuse?")
     timeout = float(os.environ.get("ESGREP_TIMEOUT", TIMEOUT))
     request = {
         "op": "grep",
