@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pyfuse3
 import trio
 
@@ -266,10 +265,9 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
         )
         socket_path = record_path(options.mountpoint, ".sock")
         async with (
-            httpx.AsyncClient(timeout=options.connection.timeout) as http,
+            Fetcher(tree, options.connection.timeout) as fetcher,
             trio.open_nursery() as nursery,
         ):
-            fetcher = Fetcher(http, tree)
             loader = split_loader(store.fetch_chunks, fetcher, pointer.chunk_size)
             content = ContentCache(loader, pointer.chunk_size, options.cache_bytes)
             sessions = Sessions()

@@ -87,9 +87,19 @@ def load_manifest(path: Path, rules: Rules) -> list[FileRecord]:
 class Fetcher:
     """Gets external bytes; knows the URLs of every tree it has been shown."""
 
-    def __init__(self, client: httpx.AsyncClient, tree: Tree) -> None:
-        self.client = client
+    def __init__(self, tree: Tree, timeout: float) -> None:
+        self.timeout = timeout
+        # Made at the first http(s) fetch: an httpx client loads the CA bundle, 26 ms of
+        # every mount-ready, and most trees have no external files.
+        self._client: httpx.AsyncClient | None = None
         self.known = dict(tree.externals)
+
+    async def __aenter__(self) -> Fetcher:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._client is not None:
+            await self._client.aclose()
 
     def swap(self, tree: Tree) -> None:
         # Old URLs stay: handles opened on the replaced tree may still read them.
@@ -111,7 +121,9 @@ class Fetcher:
         parsed = urlparse(url)
         if parsed.scheme == "file":
             return await trio.Path(unquote(parsed.path)).read_bytes()
-        response = await self.client.get(url, follow_redirects=True)
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.timeout)
+        response = await self._client.get(url, follow_redirects=True)
         response.raise_for_status()
         return response.content
 

@@ -9,7 +9,7 @@ then for several rounds time, side by side:
 - mount-ready (`esfuse mount` start to the first `ls`), and the tree load in it;
 - `ls -l` of the largest directory, first after mount;
 - `grep -r` over the mount, first after mount and warm; over the floor (the
-  same tree served from RAM by scripts/floorfs.py, without and with opens);
+  same tree served from RAM by scripts/floorfs.py, with stock and patched pyfuse3);
   and over a local copy (and `rg` when installed);
 - esgrep, first after mount and warm, with a selective and an unselective literal;
 - `cat` of single uncached files (p50), and the daemon's resident memory:
@@ -90,12 +90,12 @@ def largest_dir(src: Path) -> tuple[Path, int]:
 
 
 @contextmanager
-def floor(src: Path, mnt: Path, skip_opens: bool) -> Iterator[float]:
+def floor(src: Path, mnt: Path, patched: bool) -> Iterator[float]:
     """The floor file system mounted at `mnt`; yields how long loading it took."""
     started = time.perf_counter()
     args = [sys.executable, REPO / "scripts" / "floorfs.py", src, mnt]
     proc = subprocess.Popen(
-        [str(a) for a in args] + (["--skip-opens"] if skip_opens else []),
+        [str(a) for a in args] + (["--patched"] if patched else []),
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -172,8 +172,8 @@ class Bench:
         self.umount()
         self.cat(number)
         self.small_cache()
-        for skip_opens, name in ((True, "floor"), (False, "floor opens")):
-            with floor(self.src, self.mnt, skip_opens):
+        for patched, name in ((True, "floor"), (False, "floor opens")):
+            with floor(self.src, self.mnt, patched):
                 self.grep(f"{name} sel cold", sel, self.mnt)
                 self.grep(f"{name} sel warm", sel, self.mnt)
                 self.grep(f"{name} unsel warm", unsel, self.mnt)
@@ -234,8 +234,8 @@ class Bench:
             row(local, f"`grep -r {pattern}`, local copy", local)
             row(f"rg {name}", f"`rg {pattern}`, local copy", local)
             row(f"floor opens {name} warm", "… floor with opens, warm", local)
-            row(f"floor {name} cold", "… floor (RAM, no opens), first after mount", local)
-            row(f"floor {name} warm", "… floor (RAM, no opens), warm", local)
+            row(f"floor {name} cold", "… floor (RAM, patched pyfuse3), first after mount", local)
+            row(f"floor {name} warm", "… floor (RAM, patched pyfuse3), warm", local)
             row(
                 f"grep {name} cold",
                 "… over the mount, first after mount",

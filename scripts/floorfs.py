@@ -1,12 +1,13 @@
 """The floor of esfuse's architecture: a minimal pyfuse3 file system serving a local tree from RAM.
 
-    python scripts/floorfs.py SOURCE MOUNTPOINT [--skip-opens]
+    python scripts/floorfs.py SOURCE MOUNTPOINT [--patched]
 
 Everything is read into memory before the mount, and each request is answered
 with no more work than a dictionary lookup, so its timings are what pyfuse3,
 trio and the kernel cost by themselves. The benchmark runs it beside esfuse,
-with opens (what stock pyfuse3 allows) and without (what esfuse's build of
-pyfuse3 allows). It prints "ready" once mounted and serves until unmounted.
+with opens (what stock pyfuse3 allows), and without opens and with listings
+kept by the kernel (what esfuse's build of pyfuse3 allows). It prints "ready"
+once mounted and serves until unmounted.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ TIMEOUT = 300.0
 
 
 class FloorFS(pyfuse3.Operations):
-    def __init__(self, source: Path, skip_opens: bool) -> None:
+    def __init__(self, source: Path, patched: bool) -> None:
         super().__init__()
-        self.skip_opens = skip_opens
+        self.patched = patched
         self.attrs: dict[int, pyfuse3.EntryAttributes] = {}
         self.children: dict[int, dict[bytes, int]] = {}
         self.listings: dict[int, list[tuple[bytes, int]]] = {}
@@ -65,6 +66,8 @@ class FloorFS(pyfuse3.Operations):
         return self.attrs[inode]
 
     async def opendir(self, inode: int, ctx: Any) -> Any:
+        if self.patched:
+            return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(inode), cache_readdir=True)
         return pyfuse3.FileHandleT(inode)
 
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
@@ -75,7 +78,7 @@ class FloorFS(pyfuse3.Operations):
                 break
 
     async def open(self, inode: int, flags: int, ctx: Any) -> Any:
-        if self.skip_opens:
+        if self.patched:
             raise pyfuse3.FUSEError(errno.ENOSYS)
         return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(inode), keep_cache=True)
 
@@ -90,11 +93,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source", type=Path)
     parser.add_argument("mountpoint", type=Path)
-    parser.add_argument("--skip-opens", action="store_true")
+    parser.add_argument(
+        "--patched",
+        action="store_true",
+        help="use what esfuse's build of pyfuse3 allows: no opens, listings kept by the kernel",
+    )
     args = parser.parse_args()
-    if args.skip_opens and not getattr(pyfuse3, "READ_GETS_INODE_WITHOUT_OPEN", False):
-        raise SystemExit("floorfs: --skip-opens needs the pyfuse3 of scripts/build-pyfuse3")
-    ops = FloorFS(args.source, args.skip_opens)
+    if args.patched and not getattr(pyfuse3, "OPENDIR_TAKES_FILEINFO", False):
+        raise SystemExit("floorfs: --patched needs the pyfuse3 of scripts/build-pyfuse3")
+    ops = FloorFS(args.source, args.patched)
     options = set(pyfuse3.default_options) | {"ro", "fsname=floorfs"}
     pyfuse3.init(ops, str(args.mountpoint), options)
     print("ready", flush=True)

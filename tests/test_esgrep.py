@@ -237,6 +237,8 @@ def test_one_search_and_few_bulk_fetches_per_call(docs, tmp_path):
     try:
         before = status(mountpoint)["requests"]
         assert before == {}
+        # The kernel keeps this full listing; grep's session must not be shown it.
+        assert len(os.listdir(mountpoint / "wide")) == 5000
         done = run(ESGREP, "-rl", "entry 4", "wide", cwd=mountpoint, text=True)
         found = done.stdout.splitlines()
         assert len(found) == 1111  # pages 4, 40-49, 400-499, 4000-4999
@@ -244,6 +246,8 @@ def test_one_search_and_few_bulk_fetches_per_call(docs, tmp_path):
         # its reads were served from the cache, with no request of their own.
         after = status(mountpoint)["requests"]
         assert after == {"search": 1, "content": math.ceil(1111 / PREFETCH_BATCH_KEYS)}
+        # ... nor may anyone else be shown the session's narrowed listing.
+        assert len(os.listdir(mountpoint / "wide")) == 5000
     finally:
         unmount(mountpoint)
 

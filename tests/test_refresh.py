@@ -77,6 +77,8 @@ def live(es_url, es, tmp_path):
     (src / "a.md").write_text("version one\n")
     (src / "dir" / "keep.md").write_text("kept\n")
     (src / "dir" / "doomed.md").write_text("doomed\n")
+    (src / "quiet").mkdir()
+    (src / "quiet" / "old.md").write_text("old\n")
     d = Docs(es_url, es, src, prefix="live")
     assert d.ingest().returncode == 0
     yield d, src, tmp_path / "m"
@@ -88,17 +90,27 @@ def test_a_mount_shows_a_new_version_within_the_refresh_interval(live):
     d, src, m = live
     mount_or_fail(d, m, "--refresh", "0.5")
     assert (m / "a.md").read_text() == "version one\n"
+    assert sorted(os.listdir(m)) == ["a.md", "dir", "quiet"]
     assert sorted(os.listdir(m / "dir")) == ["doomed.md", "keep.md"]
+    assert os.listdir(m / "quiet") == ["old.md"]
     with pytest.raises(FileNotFoundError):
         (m / "b.md").stat()  # a cached miss must not hide b.md later
     (src / "a.md").write_text("version two, longer\n")
     (src / "b.md").write_text("bee\n")
     (src / "dir" / "doomed.md").unlink()
+    quiet = (src / "quiet").stat()
+    (src / "quiet" / "unseen.md").write_text("never looked up before\n")
+    # The directory's attributes stay as they were: only its listing changes.
+    os.utime(src / "quiet", ns=(quiet.st_atime_ns, quiet.st_mtime_ns))
     assert d.ingest().returncode == 0
     wait_for(lambda: (m / "a.md").read_text() == "version two, longer\n")
     assert (m / "a.md").stat().st_size == len("version two, longer\n")
     assert (m / "b.md").read_text() == "bee\n"
+    # Listings the kernel kept (opendir asks it to) are dropped by the refresh, also
+    # where no name the kernel knew of changed (quiet/unseen.md).
+    assert sorted(os.listdir(m)) == ["a.md", "b.md", "dir", "quiet"]
     assert sorted(os.listdir(m / "dir")) == ["keep.md"]
+    assert sorted(os.listdir(m / "quiet")) == ["old.md", "unseen.md"]
     with pytest.raises(FileNotFoundError):
         (m / "dir" / "doomed.md").stat()
     assert status(m)["tree_version"] == 2
