@@ -370,14 +370,15 @@ def test_a_mount_whose_daemon_was_killed_is_cleared_by_the_next_mount(docs, tmp_
         unmount(mountpoint)
 
 
-def test_the_installed_pyfuse3_lets_the_kernel_skip_opens_and_keep_listings():
+def test_the_installed_pyfuse3_is_the_patched_build():
     # scripts/setup installs the build of scripts/build-pyfuse3; with stock pyfuse3
     # the mount still works, but a warm `grep -r` makes two requests per file and
-    # lists every directory again.
+    # lists every directory again, and every request waits on the event loop.
     import pyfuse3
 
     assert getattr(pyfuse3, "READ_GETS_INODE_WITHOUT_OPEN", False)
     assert getattr(pyfuse3, "OPENDIR_TAKES_FILEINFO", False)
+    assert getattr(pyfuse3, "TAKES_WAITING_REQUESTS", False)
 
 
 def test_preload_fetches_everything_in_bulk_and_reads_then_ask_nothing(docs, fixture_src, tmp_path):
