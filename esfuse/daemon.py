@@ -35,7 +35,7 @@ from esfuse.cache import ContentCache
 from esfuse.errors import EsfuseError
 from esfuse.external import Fetcher, split_loader
 from esfuse.fs import Operations, invalidate
-from esfuse.grep.service import GrepService, Sessions
+from esfuse.grep.service import GrepService, Served, Sessions
 from esfuse.mountinfo import FSTYPE, fstype_at
 from esfuse.refresh import Refresher, TreeUser
 from esfuse.server import ControlServer, Peer, bind
@@ -270,11 +270,11 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
         ):
             loader = split_loader(store.fetch_chunks, fetcher, pointer.chunk_size)
             content = ContentCache(loader, pointer.chunk_size, options.cache_bytes)
-            sessions = Sessions()
-            grep = GrepService(tree, store, content, sessions, nursery)
-            ops = Operations(tree, content, nursery, sessions)
+            sessions, served = Sessions(), Served(tree)
+            grep = GrepService(tree, store, content, sessions, served, nursery)
+            ops = Operations(tree, content, nursery, sessions, served)
             preload = Preload(content, nursery) if options.preload else None
-            users: list[TreeUser] = [ops, grep, *([preload] if preload else [])]
+            users: list[TreeUser] = [ops, grep, served, *([preload] if preload else [])]
             refresher = Refresher(
                 store,
                 options.viewer,

@@ -20,13 +20,14 @@ import trio
 
 from esfuse.cache import ContentCache
 from esfuse.errors import StoreError
-from esfuse.grep.service import Sessions
+from esfuse.grep.service import Served, Sessions
 from esfuse.tree import Changes, Node, Tree
 
 log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 # The tree only changes through a refresh, which invalidates what it changes, so
 # the kernel may keep names and attributes for long.
@@ -89,6 +90,7 @@ class Operations(pyfuse3.Operations):
         content: ContentCache,
         nursery: trio.Nursery,
         sessions: Sessions,
+        served: Served,
     ) -> None:
         super().__init__()
         self.tree = tree
@@ -98,6 +100,7 @@ class Operations(pyfuse3.Operations):
         self.content = content
         self.nursery = nursery
         self.sessions = sessions
+        self.served = served
         self.uid = os.getuid()
         self.gid = os.getgid()
         self._misses_in_dir: dict[int, int] = {}
@@ -113,12 +116,15 @@ class Operations(pyfuse3.Operations):
 
     def node(self, inode: int) -> Node:
         """An inode of the current tree, or of the one just replaced."""
+        return self._either(Tree.node, inode)
+
+    def _either(self, get: Callable[[Tree, int], T], inode: int) -> T:
         try:
-            return self.tree.node(inode)
+            return get(self.tree, inode)
         except KeyError:
             if self.previous is None:
                 raise
-            return self.previous.node(inode)
+            return get(self.previous, inode)
 
     def attributes(self, inode: int) -> pyfuse3.EntryAttributes:
         attr = self._attributes.get(inode)
@@ -228,22 +234,22 @@ class Operations(pyfuse3.Operations):
         listing = self.tree.listing(parent)
         start = 1 + next(i for i, (_, child) in enumerate(listing) if child == inode)
         stop = start + READ_AHEAD_WINDOW if seen == 0 else len(listing)
-        files = [self.tree.node(child) for _, child in listing[start:stop]]
-        wanted = [(f.digest, f.size) for f in files if f.digest is not None]
-        self.content.prefetch(self.nursery, wanted)
+        contents = [self.tree.content(child) for _, child in listing[start:stop]]
+        self.content.prefetch(self.nursery, [(d, s) for d, s in contents if d is not None])
 
     @boundary
     async def read(self, fh: int, off: int, size: int) -> bytes:
         # fh is the inode (see open). Its content never changes (see Tree), and an
         # inode a refresh just dropped is still in the previous tree.
-        node = self.node(fh)
-        if node.digest is None:
+        digest, length = self._either(Tree.content, fh)
+        if digest is None:
             raise pyfuse3.FUSEError(errno.EISDIR)
-        data = self.content.cached(node.digest, node.size, off, size)
+        self.served.mark(fh)
+        data = self.content.cached(digest, length, off, size)
         if data is not None:
             return data
-        missed = not self.content.holds(node.digest, off)
-        data = await self.content.read(node.digest, node.size, off, size)
+        missed = not self.content.holds(digest, off)
+        data = await self.content.read(digest, length, off, size)
         if missed:
             # After this read, not before: a lone `cat` does not wait behind a batch
             # (p50 6-7 ms with it first), and a traversal's next read still finds

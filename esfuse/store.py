@@ -46,6 +46,10 @@ TREE_PART_SIZE = 4 << 20
 # indexed (and the grep planner must treat the file as a candidate for everything).
 TEXT_LIMIT = 16 << 20
 SEARCH_PAGE = 10_000
+# The first page of a search that stops when it counts more hits than it wants:
+# small, because each hit fetched costs Elasticsearch about 20 us, and one that
+# stops throws its page away (esgrep -r the over tldr: 20 ms with 1,000).
+FIRST_PAGE = 100
 POINTER_ID = "current"
 LOCK_ID = "ingest-lock"
 
@@ -343,23 +347,27 @@ class Store:
         body = {"bool": {"filter": filters}}
         found: set[tuple[str, str]] = set()
         after: list[Any] | None = None
+        # The first page counts the hits, only as far as the limit.
+        count_to = None if limit is None else limit + 1
         while True:
+            size = SEARCH_PAGE if count_to is None else FIRST_PAGE
             with self._read("search", "searching"):
                 resp = await self.client.search(
                     index=self.index("files"),
                     query=body,
-                    size=SEARCH_PAGE,
+                    size=size,
                     sort=["_doc"],
                     source=False,
                     docvalue_fields=["path", "digest"],
                     search_after=after,
-                    track_total_hits=after is None and limit is not None,
+                    track_total_hits=False if count_to is None else count_to,
                 )
-            if after is None and limit is not None and resp["hits"]["total"]["value"] > limit:
+            if count_to is not None and resp["hits"]["total"]["value"] >= count_to:
                 return None
+            count_to = None
             hits = resp["hits"]["hits"]
             found.update((h["fields"]["path"][0], h["fields"]["digest"][0]) for h in hits)
-            if len(hits) < SEARCH_PAGE:
+            if len(hits) < size:
                 return found
             after = hits[-1]["sort"]
 

@@ -91,7 +91,7 @@ class Tree:
     def __init__(
         self, dirs: Iterable[DirRecord], files: Iterable[FileRecord], previous: Tree | None = None
     ) -> None:
-        size = previous._slots if previous is not None else 1
+        size = len(previous._names) if previous is not None else 1
         self._names: list[bytes | None] = [None] * size
         self._parents: list[int] = [ROOT] * size
         self._mtimes: list[int] = [0] * size
@@ -180,8 +180,9 @@ class Tree:
         return tree
 
     @property
-    def _slots(self) -> int:
-        return len(self._names)
+    def slots(self) -> int:
+        """One more than the largest inode number this tree uses."""
+        return len(self._names) + 1
 
     @property
     def dir_count(self) -> int:
@@ -341,23 +342,32 @@ class Tree:
             if child not in self._children:
                 yield child, self._record(child, path)
 
+    def file_inodes(self, top: int = ROOT) -> Iterator[int]:
+        """The files at or below `top`, in the order a depth-first traversal by name
+        meets them (the order of `grep -r`); no paths are built."""
+        stack = [top]
+        while stack:
+            inode = stack.pop()
+            if inode in self._children:
+                # Pushed in reverse, so that pops come in name order.
+                stack.extend(child for _, child in reversed(self.listing(inode)))
+            else:
+                yield inode
+
+    def content(self, inode: int) -> tuple[str | None, int]:
+        """(digest, size) of an inode (no digest for a directory), without a Node."""
+        i = self._check(inode)
+        return self._digests[i], self._sizes[i]
+
     def contents(self) -> list[tuple[str, int]]:
-        """(digest, size) of each content held in Elasticsearch, once, in the order a
-        depth-first traversal by name meets them (the order of `grep -r`)."""
+        """(digest, size) of each content held in Elasticsearch, once, in traversal order."""
         seen: set[str] = set()
         found: list[tuple[str, int]] = []
-        stack = [ROOT]
-        while stack:
-            for _, child in reversed(self.listing(stack.pop())):
-                stack.append(child)
-            # Children were pushed in reverse, so pops come in name order; files are
-            # taken as they are popped.
-            while stack and stack[-1] not in self._children:
-                i = stack.pop() - 1
-                digest = self._digests[i]
-                if digest is not None and digest not in seen and digest not in self.externals:
-                    seen.add(digest)
-                    found.append((digest, self._sizes[i]))
+        for inode in self.file_inodes():
+            digest, size = self.content(inode)
+            if digest is not None and digest not in seen and digest not in self.externals:
+                seen.add(digest)
+                found.append((digest, size))
         return found
 
     def record(self, inode: int) -> FileRecord:
@@ -626,7 +636,7 @@ class Changes:
 
 def changes(old: Tree, new: Tree) -> Changes:
     found = Changes()
-    for inode in range(1, old._slots + 1):
+    for inode in range(1, old.slots):
         try:
             before = old.node(inode)
             after = new.node(inode)

@@ -21,6 +21,7 @@ import pytest
 
 from esfuse import protocol
 from esfuse.cache import PREFETCH_BATCH_KEYS
+from esfuse.store import FIRST_PAGE, SEARCH_PAGE
 from tests.conftest import Docs, corpus, mount_or_fail, run, status, unmount
 
 pytestmark = [pytest.mark.es, pytest.mark.mount]
@@ -231,7 +232,7 @@ def test_a_mount_path_mixed_with_a_local_path_is_still_grep(mounted, fixture_src
     assert outcome(argv, fixture_src, ESGREP) == outcome(argv, fixture_src)
 
 
-def test_one_search_and_few_bulk_fetches_per_call(docs, tmp_path):
+def test_few_searches_and_bulk_fetches_per_call(docs, tmp_path):
     # No preload, whose requests would be counted too.
     mountpoint = mount_or_fail(docs, tmp_path / "m", "--no-preload")
     try:
@@ -245,7 +246,9 @@ def test_one_search_and_few_bulk_fetches_per_call(docs, tmp_path):
         # grep read the 1111 candidates after the daemon prefetched them in bulk:
         # its reads were served from the cache, with no request of their own.
         after = status(mountpoint)["requests"]
-        assert after == {"search": 1, "content": math.ceil(1111 / PREFETCH_BATCH_KEYS)}
+        # The first, small page of hits also counted them; one more page had the rest.
+        searches = 1 + math.ceil((1111 - FIRST_PAGE) / SEARCH_PAGE)
+        assert after == {"search": searches, "content": math.ceil(1111 / PREFETCH_BATCH_KEYS)}
         # ... nor may anyone else be shown the session's narrowed listing.
         assert len(os.listdir(mountpoint / "wide")) == 5000
     finally:
@@ -269,6 +272,33 @@ def test_a_pattern_most_files_may_match_reads_everything_after_one_request(
         assert ours.returncode == theirs.returncode == 0
         assert sorted(ours.stdout.splitlines()) == sorted(theirs.stdout.splitlines())
         assert len(ours.stdout.splitlines()) == 5000
+    finally:
+        unmount(mountpoint)
+
+
+def test_once_the_kernel_holds_the_tree_a_fifth_of_it_matching_reads_everything(
+    docs, fixture_src, tmp_path
+):
+    mountpoint = mount_or_fail(docs, tmp_path / "m", "--no-preload")
+    request = {"op": "grep", "patterns": ["entry 4"], "dialect": "F", "scopes": [""]}
+    files = sum(1 for p in fixture_src.rglob("*") if p.is_file())
+    try:
+
+        def mode() -> str:
+            path = protocol.socket_of(mountpoint)
+            return protocol.call(path, {**request, "every_file": False}, 10)["mode"]
+
+        # 1111 files match: listing them beats reading every file from Elasticsearch ...
+        assert 0.1 < 1111 / files < 0.5
+        assert mode() == "filtered"
+        run("grep", "-r", "-q", "no such text anywhere", ".", cwd=mountpoint)
+        # ... but not reading every file from the kernel's memory.
+        assert mode() == "all"
+        ours = run(ESGREP, "-rl", "entry 4", ".", cwd=mountpoint, text=True)
+        theirs = run("grep", "-rl", "entry 4", ".", cwd=fixture_src, text=True)
+        assert ours.returncode == theirs.returncode == 0
+        # (A local directory lists in its own order.)
+        assert sorted(ours.stdout.splitlines()) == sorted(theirs.stdout.splitlines())
     finally:
         unmount(mountpoint)
 
