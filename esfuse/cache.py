@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import cachetools
@@ -225,33 +225,37 @@ class ContentCache:
         if claims:
             nursery.start_soon(self.chunks.fill, claims)
 
-    def preload(self, nursery: trio.Nursery, files: Sequence[tuple[str, int]]) -> bool:
-        """Load all of `files` in the background, in order, if they fit in half the cache.
+    def preload(self, nursery: trio.Nursery, files: Iterable[tuple[str, int]], size: int) -> bool:
+        """Load all of `files` (`size` bytes at most) in the background, in order, if
+        they fit in half the cache.
 
         Unlike `prefetch`, batches are claimed only when their turn comes, so a
-        read of a file the preload has not reached yet is not held up by it.
+        read of a file the preload has not reached yet is not held up by it; and
+        `files` is walked only then, a batch at a time, so the walk does not hold
+        up the requests of a mount that has just become ready.
         """
-        if sum(size for _, size in files) > self.chunks.max_bytes // 2:
+        if size > self.chunks.max_bytes // 2:
             return False
         batches = self._batches(files)
         nursery.start_soon(
-            self.chunks.fill, [functools.partial(self.chunks.reserve, b) for b in batches]
+            self.chunks.fill, (functools.partial(self.chunks.reserve, b) for b in batches)
         )
         return True
 
-    def _batches(self, files: Iterable[tuple[str, int]]) -> list[list[Key]]:
+    def _batches(self, files: Iterable[tuple[str, int]]) -> Iterator[list[Key]]:
         """The chunk keys of `files`, in batches for one request each, up to half the cache."""
         budget = self.chunks.max_bytes // 2
-        batches: list[list[Key]] = [[]]
+        batch: list[Key] = []
         batch_bytes = 0
         for digest, size in files:
             if size > budget:
                 break
             budget -= size
             for n in range(-(-size // self.chunk_size)):
-                if batch_bytes >= PREFETCH_BATCH_BYTES or len(batches[-1]) >= PREFETCH_BATCH_KEYS:
-                    batches.append([])
-                    batch_bytes = 0
-                batches[-1].append((digest, n))
+                if batch_bytes >= PREFETCH_BATCH_BYTES or len(batch) >= PREFETCH_BATCH_KEYS:
+                    yield batch
+                    batch, batch_bytes = [], 0
+                batch.append((digest, n))
                 batch_bytes += min(self.chunk_size, size - n * self.chunk_size)
-        return batches
+        if batch:
+            yield batch

@@ -335,10 +335,10 @@ class Preload:
         self.nursery = nursery
 
     def swap(self, tree: Tree) -> None:
-        if tree.total_size > self.content.chunks.max_bytes // 2:
-            log.info("contents (%d bytes) exceed half the cache: not preloading", tree.total_size)
-        elif self.content.preload(self.nursery, tree.contents()):
+        if self.content.preload(self.nursery, tree.contents(), tree.total_size):
             log.info("preloading %d files", tree.file_count)
+        else:
+            log.info("contents (%d bytes) exceed half the cache: not preloading", tree.total_size)
 
 
 def status(

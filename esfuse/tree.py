@@ -359,16 +359,14 @@ class Tree:
         i = self._check(inode)
         return self._digests[i], self._sizes[i]
 
-    def contents(self) -> list[tuple[str, int]]:
+    def contents(self) -> Iterator[tuple[str, int]]:
         """(digest, size) of each content held in Elasticsearch, once, in traversal order."""
         seen: set[str] = set()
-        found: list[tuple[str, int]] = []
         for inode in self.file_inodes():
             digest, size = self.content(inode)
             if digest is not None and digest not in seen and digest not in self.externals:
                 seen.add(digest)
-                found.append((digest, size))
-        return found
+                yield digest, size
 
     def record(self, inode: int) -> FileRecord:
         return self._record(inode, self.path(inode))

@@ -200,7 +200,7 @@ def test_preload_loads_everything_in_order_without_holding_up_reads(monkeypatch)
 
     async def main():
         async with trio.open_nursery() as n:
-            assert cache.preload(n, [(f"f{i}", 100) for i in range(20)])
+            assert cache.preload(n, [(f"f{i}", 100) for i in range(20)], 2000)
             await trio.sleep(0.01)
             # Three batches are in flight; f19's is not claimed yet: the read asks alone.
             started = trio.current_time()
@@ -228,7 +228,7 @@ def test_preload_declines_what_does_not_fit_half_the_cache():
 
     async def main():
         async with trio.open_nursery() as n:
-            return cache.preload(n, [(f"f{i}", 100) for i in range(10)])
+            return cache.preload(n, [(f"f{i}", 100) for i in range(10)], 1000)
 
     assert trio.run(main) is False
     assert loader.calls == []
