@@ -357,15 +357,20 @@ class Store:
                     query=body,
                     size=size,
                     sort=["_doc"],
-                    source=False,
+                    # No stored field at all, not even _id: with only _source off,
+                    # loading the ids took 2/3 of a 7,000-hit search (140 -> 45 ms).
+                    stored_fields="_none_",
                     docvalue_fields=["path", "digest"],
+                    filter_path=["hits.total", "hits.hits.fields", "hits.hits.sort"],
                     search_after=after,
                     track_total_hits=False if count_to is None else count_to,
                 )
-            if count_to is not None and resp["hits"]["total"]["value"] >= count_to:
+            # filter_path leaves out what is empty: no hits, no "hits".
+            page = resp.get("hits", {})
+            if count_to is not None and page["total"]["value"] >= count_to:
                 return None
             count_to = None
-            hits = resp["hits"]["hits"]
+            hits = page.get("hits", [])
             found.update((h["fields"]["path"][0], h["fields"]["digest"][0]) for h in hits)
             if len(hits) < size:
                 return found

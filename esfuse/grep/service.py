@@ -187,9 +187,12 @@ class GrepService:
             candidates = list(dict.fromkeys(i for t in tops for i in self.tree.file_inodes(t)))
             mode = "all"
         else:
-            inodes = self._current(hits) + [i for i in self.unindexed if _under(self.tree, i, tops)]
-            self._narrow(pid, with_ancestors(self.tree, inodes))
-            candidates = sorted(inodes, key=lambda i: self.tree.path(i).split("/"))
+            found = self._current(hits) + [
+                (self.tree.path(i), i) for i in self.unindexed if _under(self.tree, i, tops)
+            ]
+            found.sort(key=lambda entry: entry[0].split("/"))  # traversal order
+            candidates = [inode for _, inode in found]
+            self._narrow(pid, with_ancestors(self.tree, candidates))
             mode = "filtered"
         # Grep starts at once; its reads wait for batches still on their way.
         contents = map(self.tree.content, candidates)
@@ -205,14 +208,14 @@ class GrepService:
         limit = int(self.tree.file_count * share)
         return await self.store.search_files(plan.to_elasticsearch(query), paths, limit)
 
-    def _current(self, hits: set[tuple[str, str]]) -> list[int]:
-        """Inodes of the hits that the tree holds with the same content."""
-        inodes = []
+    def _current(self, hits: set[tuple[str, str]]) -> list[tuple[str, int]]:
+        """(path, inode) of the hits that the tree holds with the same content."""
+        found = []
         for path, digest in hits:
             inode = self.tree.resolve(path)
-            if inode is not None and self.tree.node(inode).digest == digest:
-                inodes.append(inode)
-        return inodes
+            if inode is not None and self.tree.content(inode)[0] == digest:
+                found.append((path, inode))
+        return found
 
     def _narrow(self, pid: int, visible: frozenset[int]) -> None:
         """Show `pid` only `visible` until it exits (watched through a pidfd)."""
