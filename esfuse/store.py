@@ -47,8 +47,8 @@ TREE_PART_SIZE = 4 << 20
 TEXT_LIMIT = 16 << 20
 SEARCH_PAGE = 10_000
 # The first page of a search that stops when it counts more hits than it wants:
-# small, because each hit fetched costs Elasticsearch about 20 us, and one that
-# stops throws its page away (esgrep -r the over tldr: 20 ms with 1,000).
+# small, because a search that stops throws its page away, and most selective
+# ones end within it.
 FIRST_PAGE = 100
 POINTER_ID = "current"
 LOCK_ID = "ingest-lock"

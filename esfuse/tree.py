@@ -373,9 +373,6 @@ class Tree:
                 seen.add(digest)
                 yield digest, size
 
-    def record(self, inode: int) -> FileRecord:
-        return self._record(inode, self.path(inode))
-
     def _record(self, inode: int, path: str) -> FileRecord:
         i = self._check(inode)
         digest = self._digests[i] or ""

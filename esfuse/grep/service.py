@@ -34,10 +34,10 @@ MAX_PATTERNS = 10_000
 MAX_SCOPES = 1_000
 MAX_SESSIONS = 256
 # Above this share of the tree's files matching, a search stops narrowing and grep
-# reads everything: listing the hits costs about 50 us each (Elasticsearch fetching
-# them, decoding, narrowed listings), and reading a file about 5 us when the kernel
-# holds it, 60-100 us when it must ask for it (tldr, warm: esgrep -r the took
-# 0.41-0.44 s narrowed to 7,026 files, grep -r over all 38,405 0.17-0.22 s).
+# reads everything: listing the hits costs some 20-40 us each (Elasticsearch
+# fetching them, decoding, narrowed listings), and reading a file about 5 us when
+# the kernel holds it, 60-100 us when it must ask for it (tldr, warm: esgrep -r the
+# narrowed to 7,026 files took 0.20-0.28 s, grep -r over all 38,405 0.17-0.24 s).
 UNSELECTIVE = 0.5
 UNSELECTIVE_WARM = 0.1
 # The share of the tree the kernel must have been given for it to count as warm.
