@@ -234,8 +234,8 @@ class Operations(pyfuse3.Operations):
         listing = self.tree.listing(parent)
         start = 1 + next(i for i, (_, child) in enumerate(listing) if child == inode)
         stop = start + READ_AHEAD_WINDOW if seen == 0 else len(listing)
-        contents = [self.tree.content(child) for _, child in listing[start:stop]]
-        self.content.prefetch(self.nursery, [(d, s) for d, s in contents if d is not None])
+        window = (child for _, child in listing[start:stop])
+        self.content.prefetch(self.nursery, self.tree.contents_of(window))
 
     @boundary
     async def read(self, fh: int, off: int, size: int) -> bytes:

@@ -364,12 +364,18 @@ class Tree:
         i = self._check(inode)
         return self._digests[i], self._sizes[i]
 
+    def contents_of(self, inodes: Iterable[int]) -> Iterator[tuple[str, int]]:
+        """(digest, size) of the files among `inodes`, in their order."""
+        for inode in inodes:
+            digest, size = self.content(inode)
+            if digest is not None:
+                yield digest, size
+
     def contents(self) -> Iterator[tuple[str, int]]:
         """(digest, size) of each content held in Elasticsearch, once, in traversal order."""
         seen: set[str] = set()
-        for inode in self.file_inodes():
-            digest, size = self.content(inode)
-            if digest is not None and digest not in seen and digest not in self.externals:
+        for digest, size in self.contents_of(self.file_inodes()):
+            if digest not in seen and digest not in self.externals:
                 seen.add(digest)
                 yield digest, size
 
@@ -591,14 +597,6 @@ def load_columns(columns: Columns, viewer: Viewer) -> Tree:
     if all(viewer.sees(a) for a in columns.table):
         return Tree.from_columns(columns)  # the usual case: nothing to prune
     return Tree(*visible(*records(columns), viewer))
-
-
-def _file(entry: list[object], table: list[Access]) -> FileRecord:
-    if not 5 <= len(entry) <= 6:
-        raise ValueError(f"a file record has {len(entry)} fields")
-    url = _str(entry[5]) if len(entry) == 6 else None
-    path, size, mtime, digest, access = entry[:5]
-    return FileRecord(_str(path), _int(size), _int(mtime), _str(digest), table[_int(access)], url)
 
 
 def _bool(value: object) -> bool:

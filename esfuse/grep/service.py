@@ -195,8 +195,7 @@ class GrepService:
             self._narrow(pid, with_ancestors(self.tree, candidates))
             mode = "filtered"
         # Grep starts at once; its reads wait for batches still on their way.
-        contents = map(self.tree.content, candidates)
-        self.content.prefetch(self.nursery, ((d, s) for d, s in contents if d is not None))
+        self.content.prefetch(self.nursery, self.tree.contents_of(candidates))
         log.debug("grep %r in %s: %d candidates (%s)", patterns, scopes, len(candidates), mode)
         return {"mode": mode, "candidates": len(candidates)}
 
