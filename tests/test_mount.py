@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from esfuse import mountinfo, protocol
-from esfuse.daemon import read_record, record_path
+from esfuse.daemon import alive, read_record, record_path
 from tests.conftest import ESFUSE, Docs, corpus, esfuse, mount_or_fail, run, status, unmount
 
 pytestmark = [pytest.mark.es, pytest.mark.mount]
@@ -250,8 +250,7 @@ def test_umount_waits_for_the_daemon_and_sigterm_unmounts(docs, tmp_path):
     assert (mountpoint / "README.md").read_bytes() == (docs.src / "README.md").read_bytes()
     done = esfuse("umount", mountpoint)
     assert done.returncode == 0, done.stderr
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
+    assert not alive(pid)  # exited: gone, or a zombie init has yet to reap
     assert run("mountpoint", "-q", mountpoint).returncode != 0
     one_line_error(esfuse("umount", mountpoint), "not an esfuse mount")
 
@@ -263,6 +262,26 @@ def test_umount_waits_for_the_daemon_and_sigterm_unmounts(docs, tmp_path):
         assert time.monotonic() < deadline, "SIGTERM did not unmount"
         time.sleep(0.05)
     assert list(mountpoint.iterdir()) == []
+
+
+def test_a_process_that_exited_counts_as_gone_before_it_is_reaped():
+    # `sleep 0.1` exits as the child of a `sleep 30`, which never reaps it.
+    parent = subprocess.Popen(
+        ["sh", "-c", "sleep 0.1 & echo $!; exec sleep 30"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        zombie = int(parent.stdout.readline())
+        deadline = time.monotonic() + 10
+        while b") Z " not in Path(f"/proc/{zombie}/stat").read_bytes():
+            assert time.monotonic() < deadline, "sleep 0.1 did not exit"
+            time.sleep(0.05)
+        assert not alive(zombie)
+        assert alive(parent.pid)
+    finally:
+        parent.kill()
+        parent.wait()
+    assert not alive(parent.pid)
 
 
 def test_foreground_mount_serves_until_sigint(docs, tmp_path):
