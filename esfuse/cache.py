@@ -53,15 +53,19 @@ class ChunkCache:
     def current_bytes(self) -> int:
         return int(self._lru.currsize)
 
-    def peek(self, keys: Sequence[Key]) -> list[bytes] | None:
-        """The chunks for `keys` if all are cached, else None; never loads."""
+    def peek(self, keys: Sequence[Key], count: bool = True) -> list[bytes] | None:
+        """The chunks for `keys` if all are cached, else None; never loads.
+
+        A hit counts only if `count`: a look by the daemon itself is not a read.
+        """
         found = []
         for key in keys:
             value = self._lru.get(key)
             if value is None:
                 return None
             found.append(value)
-        self.hits += len(found)
+        if count:
+            self.hits += len(found)
         return found
 
     def holds(self, key: Key) -> bool:
@@ -98,12 +102,17 @@ class ChunkCache:
         """
         return self._claim(k for k in batch if k not in self._lru)
 
-    async def fill(self, claims: Iterable[Callable[[], dict[Key, _Pending]]]) -> None:
+    async def fill(
+        self,
+        claims: Iterable[Callable[[], dict[Key, _Pending]]],
+        loaded: Callable[[list[Key]], None] | None = None,
+    ) -> None:
         """Load batches a few at a time; a failed batch fails its readers only.
 
         Each claim gives the keys of one batch when its turn comes: keys
         reserved earlier, or reserved only then, so that a read meanwhile
         fetches its own chunk instead of waiting for the batch's turn.
+        `loaded` hears of each batch once it is cached.
         """
         pending = iter(claims)
 
@@ -117,6 +126,9 @@ class ChunkCache:
                         await self._load(mine)
                 except Exception as e:
                     log.warning("loading %d chunks ahead failed: %s", len(mine), e)
+                    continue
+                if mine and loaded is not None:
+                    loaded(list(mine))
 
         async with trio.open_nursery() as nursery:
             for _ in range(PREFETCH_PARALLEL):
@@ -184,6 +196,12 @@ class ContentCache:
         chunks = self.chunks.peek(keys)
         return None if chunks is None else self._assemble(keys, chunks, size, offset, end)
 
+    def whole(self, digest: str, size: int) -> bytes | None:
+        """A file's whole content if cached, else None; not counted as a hit."""
+        keys, end = self._span(digest, size, 0, size)
+        chunks = self.chunks.peek(keys, count=False)
+        return None if chunks is None else self._assemble(keys, chunks, size, 0, end)
+
     def _span(self, digest: str, size: int, offset: int, length: int) -> tuple[list[Key], int]:
         """The chunk keys holding `length` bytes at `offset`, and where the range ends."""
         end = min(size, offset + length)
@@ -225,22 +243,24 @@ class ContentCache:
         if claims:
             nursery.start_soon(self.chunks.fill, claims)
 
-    def preload(self, nursery: trio.Nursery, files: Iterable[tuple[str, int]], size: int) -> bool:
-        """Load all of `files` (`size` bytes at most) in the background, in order, if
-        they fit in half the cache.
+    def can_preload(self, size: int) -> bool:
+        """Whether contents of `size` bytes in all fit in half the cache."""
+        return size <= self.chunks.max_bytes // 2
+
+    async def preload(
+        self,
+        files: Iterable[tuple[str, int]],
+        loaded: Callable[[list[Key]], None] | None = None,
+    ) -> None:
+        """Load all of `files` (which `can_preload`), in order; `loaded` hears of each batch.
 
         Unlike `prefetch`, batches are claimed only when their turn comes, so a
         read of a file the preload has not reached yet is not held up by it; and
         `files` is walked only then, a batch at a time, so the walk does not hold
         up the requests of a mount that has just become ready.
         """
-        if size > self.chunks.max_bytes // 2:
-            return False
         batches = self._batches(files)
-        nursery.start_soon(
-            self.chunks.fill, (functools.partial(self.chunks.reserve, b) for b in batches)
-        )
-        return True
+        await self.chunks.fill((functools.partial(self.chunks.reserve, b) for b in batches), loaded)
 
     def _batches(self, files: Iterable[tuple[str, int]]) -> Iterator[list[Key]]:
         """The chunk keys of `files`, in batches for one request each, up to half the cache."""

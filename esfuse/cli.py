@@ -264,7 +264,8 @@ def _viewer(groups: str | None, everything: bool) -> Viewer:
     "--preload/--no-preload",
     default=True,
     show_default=True,
-    help="Load all contents in the background when they fit in half the cache.",
+    help="Load all contents in the background when they fit in half the cache, "
+    "and hand them to the kernel's page cache.",
 )
 @click.option(
     "--allow-other",
@@ -358,6 +359,7 @@ def status_command(mountpoint: Path, as_json: bool) -> None:
             "cache",
             f"{answer['cache_bytes'] / 1e6:.1f} MB, hit rate {rate} ({hits} hits, {misses} misses)",
         ),
+        ("preload", f"{answer['preload']}, {answer['handed_to_kernel']} files in the kernel"),
         ("requests", requests),
         ("latency", latency),
         ("memory", f"{answer['rss_bytes'] / 1e6:.0f} MB resident (pid {answer['pid']})"),

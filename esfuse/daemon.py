@@ -37,15 +37,17 @@ from esfuse.external import Fetcher, split_loader
 from esfuse.fs import Operations, invalidate
 from esfuse.grep.service import GrepService, Served, Sessions
 from esfuse.mountinfo import FSTYPE, fstype_at
+from esfuse.preload import Preload
 from esfuse.refresh import Refresher, TreeUser
 from esfuse.server import ControlServer, Peer, bind
 from esfuse.store import Connection, Store, connect
-from esfuse.tree import Tree
 from esfuse.treecache import TreeCache
 
 log = logging.getLogger(__name__)
 
 PUBLIC_ONLY = Viewer()
+# How long unmounting waits for a hand-over of contents to the kernel to stop.
+STOP_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -273,7 +275,9 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
             sessions, served = Sessions(), Served(tree)
             grep = GrepService(tree, store, content, sessions, served, nursery)
             ops = Operations(tree, content, nursery, sessions, served)
-            preload = Preload(content, nursery) if options.preload else None
+            preload = (
+                Preload(content, nursery, options.mountpoint, served) if options.preload else None
+            )
             users: list[TreeUser] = [ops, grep, served, *([preload] if preload else [])]
             refresher = Refresher(
                 store,
@@ -290,7 +294,7 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
                 return await grep.grep(request, peer.pid)
 
             async def status_op(request: dict[str, Any], peer: Peer) -> dict[str, Any]:
-                return status(store, refresher, content, started_at)
+                return status(store, refresher, content, preload, started_at)
 
             control = ControlServer({"grep": grep_op, "status": status_op})
             source = protocol.mount_source(options.index, str(socket_path))
@@ -300,12 +304,12 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
                 write_record(options.mountpoint, options.index, options.connection.where)
                 nursery.start_soon(control.serve, listener)
                 # Started, not just scheduled: a SIGTERM right after ready() must unmount.
-                await nursery.start(_handle_signals, refresher)
+                await nursery.start(_handle_signals, refresher, preload)
                 nursery.start_soon(refresher.run)
                 ready()
                 if preload:
                     preload.swap(tree)
-                await _serve_mounted(options)
+                await _serve_mounted(options, preload)
             finally:
                 nursery.cancel_scope.cancel()
                 remove_record(options.mountpoint)
@@ -313,36 +317,27 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
         await client.close()
 
 
-async def _serve_mounted(options: MountOptions) -> None:
+async def _serve_mounted(options: MountOptions, preload: Preload | None) -> None:
     """From a successful pyfuse3.init to the end of the mount."""
     try:
         await pyfuse3.main()
     finally:
+        if preload:
+            # Nothing may be handed to the kernel once the session is gone. The
+            # signal handler stopped it while requests were served; here, after an
+            # unmount no read is in flight, so a hand-over under way ends at once.
+            with trio.CancelScope(shield=True), trio.move_on_after(STOP_TIMEOUT):
+                await preload.stop()
         pyfuse3.close(unmount=fstype_at(options.mountpoint) is not None)
         log.info("unmounted %s", options.mountpoint)
 
 
-class Preload:
-    """Loads every content of each new tree in the background, when all fit the cache.
-
-    A first `grep -r` after mount then waits for batches already on their way
-    instead of asking per directory; the cache keeps what is unchanged, so a
-    refresh loads only what is new.
-    """
-
-    def __init__(self, content: ContentCache, nursery: trio.Nursery) -> None:
-        self.content = content
-        self.nursery = nursery
-
-    def swap(self, tree: Tree) -> None:
-        if self.content.preload(self.nursery, tree.contents(), tree.total_size):
-            log.info("preloading %d files", tree.file_count)
-        else:
-            log.info("contents (%d bytes) exceed half the cache: not preloading", tree.total_size)
-
-
 def status(
-    store: Store, refresher: Refresher, content: ContentCache, started: float
+    store: Store,
+    refresher: Refresher,
+    content: ContentCache,
+    preload: Preload | None,
+    started: float,
 ) -> dict[str, Any]:
     return {
         "uptime": round(time.time() - started, 3),
@@ -359,6 +354,8 @@ def status(
         "cache_bytes": content.chunks.current_bytes,
         "cache_hits": content.chunks.hits,
         "cache_misses": content.chunks.misses,
+        "preload": preload.state if preload else "off",
+        "handed_to_kernel": preload.pushed if preload else 0,
     }
 
 
@@ -386,7 +383,9 @@ def _fuse_init(ops: Operations, options: MountOptions, source: str) -> None:
 
 
 async def _handle_signals(
-    refresher: Refresher, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    refresher: Refresher,
+    preload: Preload | None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         task_status.started()
@@ -396,6 +395,9 @@ async def _handle_signals(
                 refresher.wake()
                 continue
             log.info("received %s, unmounting", signal.Signals(signum).name)
+            if preload:
+                with trio.move_on_after(STOP_TIMEOUT):
+                    await preload.stop()
             pyfuse3.terminate()
 
 

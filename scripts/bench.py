@@ -8,7 +8,8 @@ then for several rounds time, side by side:
 
 - mount-ready (`esfuse mount` start to the first `ls`), and the tree load in it;
 - `ls -l` of the largest directory, first after mount;
-- `grep -r` over the mount, first after mount and warm; over the floor (the
+- `grep -r` over the mount, first after mount, first once the preload has
+  handed every content to the kernel, and warm; over the floor (the
   same tree served from RAM by scripts/floorfs.py, with stock and patched pyfuse3);
   and over a local copy (and `rg` when installed);
 - esgrep, first after mount and warm, with a selective and an unselective literal;
@@ -139,6 +140,14 @@ class Bench:
         delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
         self.requests.setdefault(key, ", ".join(f"{v} {k}" for k, v in sorted(delta.items())))
 
+    def wait_preloaded(self) -> None:
+        started = time.perf_counter()
+        while status(self.mnt)["preload"] == "loading":
+            if time.perf_counter() - started > 600:
+                sys.exit("bench: the preload did not finish in 10 minutes")
+            time.sleep(0.02)
+        self.times["preload"].append(time.perf_counter() - started)
+
     def rss(self, key: str) -> None:
         self.times[key].append(status(self.mnt)["rss_bytes"] / 1e6)
 
@@ -169,6 +178,11 @@ class Bench:
         self.grep("grep sel warm", sel, self.mnt)
         self.grep("grep unsel warm", unsel, self.mnt)
         self.rss("rss read")
+        self.umount()
+        # The same, once the preload has handed every content to the kernel.
+        self.mount()
+        self.wait_preloaded()
+        self.grep("grep sel preloaded", sel, self.mnt)
         self.umount()
         self.cat(number)
         self.small_cache()
@@ -227,6 +241,7 @@ class Bench:
 
         row("ready", "mount-ready (`esfuse mount` → first `ls`)")
         row("tree load", "… of which tree load (fetch, decode, build)")
+        row("preload", "preload after mount-ready (into the cache and the kernel)")
         row("ls wide", f"`ls -l` of {self.wide}/ ({self.wide_entries} entries), first")
         row("cat", "`cat` of one uncached file, p50")
         for name, pattern in (("sel", sel), ("unsel", unsel)):
@@ -241,6 +256,12 @@ class Bench:
                 "… over the mount, first after mount",
                 local,
                 f"floor {name} cold",
+            )
+            row(
+                f"grep {name} preloaded",
+                "… over the mount, first once preloaded",
+                local,
+                f"floor {name} warm",
             )
             row(f"grep {name} warm", "… over the mount, warm", local, f"floor {name} warm")
             row(f"esgrep {name} cold", f"`esgrep -r {pattern}`, first after mount", local)

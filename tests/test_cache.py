@@ -196,11 +196,12 @@ def test_preload_loads_everything_in_order_without_holding_up_reads(monkeypatch)
     chunks = many_files(20, 100)
     loader = Loader(chunks, delay=0.05)
     cache = ContentCache(loader, CHUNK, 1 << 20)
-    got = []
+    got, heard = [], []
 
     async def main():
         async with trio.open_nursery() as n:
-            assert cache.preload(n, [(f"f{i}", 100) for i in range(20)], 2000)
+            assert cache.can_preload(2000)
+            n.start_soon(cache.preload, [(f"f{i}", 100) for i in range(20)], heard.append)
             await trio.sleep(0.01)
             # Three batches are in flight; f19's is not claimed yet: the read asks alone.
             started = trio.current_time()
@@ -216,6 +217,8 @@ def test_preload_loads_everything_in_order_without_holding_up_reads(monkeypatch)
         [("f19", 0)],
     ]
     assert sorted(k for c in loader.calls for k in c) == sorted(chunks)  # each chunk once
+    # Told of each of its batches once cached; f19 was the read's, not the preload's.
+    assert sorted(heard) == sorted(c for c in loader.calls if c != [("f19", 0)])
     before = len(loader.calls)
     for i in range(20):
         assert trio.run(cache.read, f"f{i}", 100, 0, 100) == chunks[(f"f{i}", 0)]
@@ -223,12 +226,6 @@ def test_preload_loads_everything_in_order_without_holding_up_reads(monkeypatch)
 
 
 def test_preload_declines_what_does_not_fit_half_the_cache():
-    loader = Loader(many_files(10, 100))
-    cache = ContentCache(loader, CHUNK, 1999)
-
-    async def main():
-        async with trio.open_nursery() as n:
-            return cache.preload(n, [(f"f{i}", 100) for i in range(10)], 1000)
-
-    assert trio.run(main) is False
-    assert loader.calls == []
+    cache = ContentCache(Loader(many_files(10, 100)), CHUNK, 1999)
+    assert not cache.can_preload(1000)
+    assert cache.can_preload(999)

@@ -6,6 +6,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import stat
 import subprocess
 import time
@@ -365,6 +366,8 @@ def test_status_reports_the_tree_cache_and_requests(mounted, docs):
     human = esfuse("status", mounted)
     assert human.returncode == 0 and f"index               {docs.name}" in human.stdout
     assert "hit rate" in human.stdout
+    assert answer["preload"] in ("loading", "done")  # the fixture fits the cache
+    assert re.search(r"^preload +(loading|done), \d+ files in the kernel$", human.stdout, re.M)
     one_line_error(esfuse("status", mounted.parent), "no esfuse daemon answers")
 
 
@@ -400,21 +403,23 @@ def test_the_installed_pyfuse3_is_the_patched_build():
     assert getattr(pyfuse3, "TAKES_WAITING_REQUESTS", False)
 
 
-def test_preload_fetches_everything_in_bulk_and_reads_then_ask_nothing(docs, fixture_src, tmp_path):
-    by_digest = {
-        hashlib.sha256(p.read_bytes()).hexdigest(): p.stat().st_size
-        for p in fixture_src.rglob("*")
-        if p.is_file()
-    }
+def test_preload_fetches_in_bulk_and_hands_everything_to_the_kernel(docs, fixture_src, tmp_path):
+    files = [p for p in fixture_src.rglob("*") if p.is_file()]
+    by_digest = {hashlib.sha256(p.read_bytes()).hexdigest(): p.stat().st_size for p in files}
     mountpoint = mount_or_fail(docs, tmp_path / "m")
     try:
         deadline = time.monotonic() + 60
-        while status(mountpoint)["cache_bytes"] < sum(by_digest.values()):
+        while status(mountpoint)["preload"] != "done":
             assert time.monotonic() < deadline, status(mountpoint)
             time.sleep(0.1)
-        preloaded = status(mountpoint)["requests"]
-        assert 0 < preloaded["content"] < len(by_digest) / 50  # in bulk, not per file
+        preloaded = status(mountpoint)
+        assert preloaded["cache_bytes"] == sum(by_digest.values())
+        assert 0 < preloaded["requests"]["content"] < len(by_digest) / 50  # in bulk
+        assert preloaded["handed_to_kernel"] == sum(1 for p in files if p.stat().st_size)
+        # Every byte, from the kernel's page cache: no read reached the daemon.
         assert run("diff", "-r", fixture_src, mountpoint).returncode == 0
-        assert status(mountpoint)["requests"] == preloaded
+        after = status(mountpoint)
+        for key in ("requests", "cache_hits", "cache_misses"):
+            assert after[key] == preloaded[key], key
     finally:
         unmount(mountpoint)

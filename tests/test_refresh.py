@@ -131,6 +131,28 @@ def test_sighup_refreshes_at_once_and_open_handles_keep_their_version(live):
     old.close()
 
 
+def test_a_refresh_hands_what_it_adds_to_the_kernel(live):
+    d, src, m = live
+    mount_or_fail(d, m, "--refresh", "0")
+    wait_for(lambda: status(m)["preload"] == "done")
+    assert status(m)["handed_to_kernel"] == 4
+    (src / "a.md").write_text("version two\n")
+    (src / "quiet" / "new.md").write_text("new\n")
+    assert d.ingest().returncode == 0
+    os.kill(read_record(m)["pid"], signal.SIGHUP)
+    wait_for(lambda: status(m)["tree_version"] == 2 and status(m)["preload"] == "done")
+    before = status(m)
+    assert before["handed_to_kernel"] == 4 + 2
+    assert (m / "a.md").read_text() == "version two\n"
+    assert (m / "quiet" / "new.md").read_text() == "new\n"
+    # Both read from the kernel's page cache: neither read reached the daemon.
+    after = status(m)
+    assert (after["cache_hits"], after["cache_misses"]) == (
+        before["cache_hits"],
+        before["cache_misses"],
+    )
+
+
 def test_readers_never_see_a_mix_of_two_versions(live):
     d, src, m = live
     versions = [b"A" * 70_000 + b"\n", b"b" * 1_500_000 + b"\n"]  # different sizes, 1 and 2 chunks

@@ -81,6 +81,9 @@ class Served:
         self._files = tree.file_count
         self._count = 0
 
+    def given(self, inode: int) -> bool:
+        return inode < len(self._seen) and bool(self._seen[inode])
+
     def mark(self, inode: int) -> None:
         if inode < len(self._seen) and not self._seen[inode]:
             self._seen[inode] = 1
