@@ -12,6 +12,9 @@ over tldr took 0.18-0.23 s through the floor, as a warm one.
 The kernel takes pages only for inodes it knows, and learns of inodes only from
 lookups and listings (FUSE has no notification that adds one). So a thread first
 lists every directory through the mount; the kernel keeps those listings too.
+The kernel keeps each file in whole pages, so it is handed the contents only
+when those pages fit in the cache budget too: a million files of 100 bytes fit
+half of a 256 MB cache, and would take 4 GB of page cache.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import mmap
 import os
 from pathlib import Path
 
@@ -32,6 +36,7 @@ from esfuse.tree import Tree
 log = logging.getLogger(__name__)
 
 Push = list[tuple[int, bytes]]
+Files = dict[str, tuple[int, list[int]]]  # digest -> (size, inodes)
 
 
 class Preload:
@@ -72,7 +77,17 @@ class Preload:
             pass
 
     async def _run(self, tree: Tree, number: int) -> None:
-        files = _inodes_by_content(tree)
+        files, pages = _inodes_by_content(tree)
+        if pages * mmap.PAGESIZE > self.content.chunks.max_bytes:
+            log.info("%d pages exceed the cache: not handing contents to the kernel", pages)
+            await self.content.preload(tree.contents())
+        else:
+            await self._load_and_hand_over(tree, files)
+        if number == self._trees:
+            self.state = "done"
+        log.info("preloaded; %d files handed to the kernel", self.pushed)
+
+    async def _load_and_hand_over(self, tree: Tree, files: Files) -> None:
         send, receive = trio.open_memory_channel[Push](math.inf)
 
         def loaded(keys: list[Key]) -> None:
@@ -91,9 +106,6 @@ class Preload:
             nursery.start_soon(self._hand_over, listed, receive)
             async with send:
                 await self.content.preload(tree.contents(), loaded)
-        if number == self._trees:
-            self.state = "done"
-        log.info("preloaded; %d files handed to the kernel", self.pushed)
 
     async def _list_all(self, listed: trio.Event) -> None:
         try:
@@ -140,14 +152,16 @@ class Preload:
         return taken
 
 
-def _inodes_by_content(tree: Tree) -> dict[str, tuple[int, list[int]]]:
-    """digest -> (size, the inodes of the files with that content)."""
-    files: dict[str, tuple[int, list[int]]] = {}
+def _inodes_by_content(tree: Tree) -> tuple[Files, int]:
+    """The files by content, and how many pages the kernel would keep them in."""
+    files: Files = {}
+    pages = 0
     for inode in tree.file_inodes():
         digest, size = tree.content(inode)
         if digest is not None:
             files.setdefault(digest, (size, []))[1].append(inode)
-    return files
+            pages += -(-size // mmap.PAGESIZE)
+    return files, pages
 
 
 def _list_directories(top: Path) -> int:

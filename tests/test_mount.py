@@ -403,16 +403,20 @@ def test_the_installed_pyfuse3_is_the_patched_build():
     assert getattr(pyfuse3, "TAKES_WAITING_REQUESTS", False)
 
 
+def wait_preloaded(mountpoint: Path) -> dict:
+    deadline = time.monotonic() + 60
+    while (answer := status(mountpoint))["preload"] != "done":
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.1)
+    return answer
+
+
 def test_preload_fetches_in_bulk_and_hands_everything_to_the_kernel(docs, fixture_src, tmp_path):
     files = [p for p in fixture_src.rglob("*") if p.is_file()]
     by_digest = {hashlib.sha256(p.read_bytes()).hexdigest(): p.stat().st_size for p in files}
     mountpoint = mount_or_fail(docs, tmp_path / "m")
     try:
-        deadline = time.monotonic() + 60
-        while status(mountpoint)["preload"] != "done":
-            assert time.monotonic() < deadline, status(mountpoint)
-            time.sleep(0.1)
-        preloaded = status(mountpoint)
+        preloaded = wait_preloaded(mountpoint)
         assert preloaded["cache_bytes"] == sum(by_digest.values())
         assert 0 < preloaded["requests"]["content"] < len(by_digest) / 50  # in bulk
         assert preloaded["handed_to_kernel"] == sum(1 for p in files if p.stat().st_size)
@@ -421,5 +425,16 @@ def test_preload_fetches_in_bulk_and_hands_everything_to_the_kernel(docs, fixtur
         after = status(mountpoint)
         for key in ("requests", "cache_hits", "cache_misses"):
             assert after[key] == preloaded[key], key
+    finally:
+        unmount(mountpoint)
+
+
+def test_the_kernel_is_handed_contents_only_if_their_pages_fit_the_cache(docs, tmp_path):
+    # The fixture's 5.3 MB of contents fit half of 16 MB; in whole pages they are 25 MB.
+    mountpoint = mount_or_fail(docs, tmp_path / "m", "--cache-size", "16M")
+    try:
+        answer = wait_preloaded(mountpoint)
+        assert answer["handed_to_kernel"] == 0
+        assert answer["cache_bytes"] > 5 << 20
     finally:
         unmount(mountpoint)
