@@ -54,10 +54,7 @@ class ChunkCache:
         return int(self._lru.currsize)
 
     def peek(self, keys: Sequence[Key], count: bool = True) -> list[bytes] | None:
-        """The chunks for `keys` if all are cached, else None; never loads.
-
-        A hit counts only if `count`: a look by the daemon itself is not a read.
-        """
+        """The chunks for `keys` if all are cached, else None; never loads."""
         found = []
         for key in keys:
             value = self._lru.get(key)
@@ -105,14 +102,14 @@ class ChunkCache:
     async def fill(
         self,
         claims: Iterable[Callable[[], dict[Key, _Pending]]],
-        loaded: Callable[[list[Key]], None] | None = None,
+        loaded: Callable[[], None] | None = None,
     ) -> None:
         """Load batches a few at a time; a failed batch fails its readers only.
 
         Each claim gives the keys of one batch when its turn comes: keys
         reserved earlier, or reserved only then, so that a read meanwhile
         fetches its own chunk instead of waiting for the batch's turn.
-        `loaded` hears of each batch once it is cached.
+        `loaded` is called each time a batch is cached.
         """
         pending = iter(claims)
 
@@ -128,7 +125,7 @@ class ChunkCache:
                     log.warning("loading %d chunks ahead failed: %s", len(mine), e)
                     continue
                 if mine and loaded is not None:
-                    loaded(list(mine))
+                    loaded()
 
         async with trio.open_nursery() as nursery:
             for _ in range(PREFETCH_PARALLEL):
@@ -186,21 +183,18 @@ class ContentCache:
         chunks = await self.chunks.get_many(keys)
         return self._assemble(keys, chunks, size, offset, end)
 
-    def cached(self, digest: str, size: int, offset: int, length: int) -> bytes | None:
+    def cached(
+        self, digest: str, size: int, offset: int, length: int, count: bool = True
+    ) -> bytes | None:
         """What `read` would give, if every chunk of it is cached; else None.
 
         No await: the kernel's reads of a cached file cost one dictionary
-        lookup each instead of a trip through the scheduler.
+        lookup each instead of a trip through the scheduler. A hit counts only
+        if `count`: a look by the daemon itself is not a read.
         """
         keys, end = self._span(digest, size, offset, length)
-        chunks = self.chunks.peek(keys)
+        chunks = self.chunks.peek(keys, count)
         return None if chunks is None else self._assemble(keys, chunks, size, offset, end)
-
-    def whole(self, digest: str, size: int) -> bytes | None:
-        """A file's whole content if cached, else None; not counted as a hit."""
-        keys, end = self._span(digest, size, 0, size)
-        chunks = self.chunks.peek(keys, count=False)
-        return None if chunks is None else self._assemble(keys, chunks, size, 0, end)
 
     def _span(self, digest: str, size: int, offset: int, length: int) -> tuple[list[Key], int]:
         """The chunk keys holding `length` bytes at `offset`, and where the range ends."""
@@ -250,9 +244,9 @@ class ContentCache:
     async def preload(
         self,
         files: Iterable[tuple[str, int]],
-        loaded: Callable[[list[Key]], None] | None = None,
+        loaded: Callable[[], None] | None = None,
     ) -> None:
-        """Load all of `files` (which `can_preload`), in order; `loaded` hears of each batch.
+        """Load all of `files` (which `can_preload`), in order; `loaded` after each batch.
 
         Unlike `prefetch`, batches are claimed only when their turn comes, so a
         read of a file the preload has not reached yet is not held up by it; and

@@ -323,13 +323,39 @@ async def _serve_mounted(options: MountOptions, preload: Preload | None) -> None
         await pyfuse3.main()
     finally:
         if preload:
-            # Nothing may be handed to the kernel once the session is gone. The
-            # signal handler stopped it while requests were served; here, after an
-            # unmount no read is in flight, so a hand-over under way ends at once.
-            with trio.CancelScope(shield=True), trio.move_on_after(STOP_TIMEOUT):
-                await preload.stop()
+            await _stop_hand_over(preload, options.mountpoint)
         pyfuse3.close(unmount=fstype_at(options.mountpoint) is not None)
         log.info("unmounted %s", options.mountpoint)
+
+
+async def _stop_hand_over(preload: Preload, mountpoint: Path) -> None:
+    """Let no hand-over of contents to the kernel outlive the session.
+
+    After SIGTERM the signal handler stopped it while requests were still
+    answered, and after an unmount no read is in flight, so this returns at once.
+    Only when serving failed may a hand-over wait on a page whose read no one
+    will answer now; a forced unmount aborts the connection, which ends that read.
+    """
+    with trio.CancelScope(shield=True):
+        with trio.move_on_after(STOP_TIMEOUT) as waiting:
+            await preload.stop()
+        if waiting.cancelled_caught:
+            force_unmount(mountpoint)
+            with trio.move_on_after(STOP_TIMEOUT):
+                await preload.stop()
+
+
+def force_unmount(mountpoint: Path) -> None:
+    """Abort the FUSE connection at `mountpoint`, ending every request in flight
+    (MNT_FORCE), and detach it; needs root."""
+    # -c: no canonical path, which would stat through the mount we are aborting.
+    done = subprocess.run(
+        ["umount", "-f", "-l", "-c", str(mountpoint)], capture_output=True, text=True, check=False
+    )
+    if done.returncode:
+        log.error("cannot force the unmount of %s: %s", mountpoint, done.stderr.strip())
+    else:
+        log.warning("forced the unmount of %s", mountpoint)
 
 
 def status(
@@ -415,7 +441,13 @@ def alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes()
     except FileNotFoundError:
-        return False
+        # Gone, or hidden from us (/proc mounted with hidepid): ask the kernel.
+        try:
+            with contextlib.suppress(PermissionError):  # another user's process
+                os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
     # The state follows the command name, which is in parentheses and may hold any.
     return stat.rsplit(b")", 1)[1].split()[0] != b"Z"
 

@@ -12,7 +12,7 @@ import errno
 import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
@@ -298,6 +298,31 @@ def _directory_handle(fh: int, cached: bool) -> Any:
     if not CACHE_LISTINGS:
         return pyfuse3.FileHandleT(fh)
     return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(fh), keep_cache=True, cache_readdir=cached)
+
+
+def hand_to_kernel(
+    contents: Iterable[tuple[int, bytes]], stopping: Callable[[], bool]
+) -> tuple[list[int], bool]:
+    """Store whole contents in the kernel's page cache: the inodes it took, and
+    whether it refused any for a reason other than not knowing the inode.
+
+    It may wait on the lock of a page whose read is in flight, which only our
+    answer to that read releases: call it from a thread, never from the one
+    answering requests.
+    """
+    taken = []
+    for inode, data in contents:
+        if stopping():
+            break
+        try:
+            pyfuse3.notify_store(pyfuse3.InodeT(inode), 0, data)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                continue  # the kernel has let the inode go: a read will ask for it
+            log.warning("the kernel refused contents for inode %d: %s", inode, e)
+            return taken, True
+        taken.append(inode)
+    return taken, False
 
 
 def invalidate(changes: Changes) -> None:

@@ -6,8 +6,14 @@ unchanged, so only what is new is loaded). In our cache, a first `grep -r` still
 costs one READ round trip per file, about 45 µs: over tldr (38,405 files) even
 the RAM floor took 1.6-1.9 s, seven times a warm run. So each loaded batch also
 goes to the kernel's page cache with notify_store (about 20 µs a file, from a
-thread), where reads find it without asking us: after that, the first `grep -r`
-over tldr took 0.18-0.23 s through the floor, as a warm one.
+thread), where reads find it without asking us. Done 2.0-2.6 s after mount on
+tldr, a first `grep -r` then took 0.20-0.25 s, as a warm one, with no request
+reaching the daemon.
+
+A `grep -r` started right at mount does not gain: the hand-over thread waits for
+the interpreter lock while the daemon answers grep's reads, and a read is all
+it spares. Even the RAM floor, listing and handing over from its first moment,
+took 1.2-1.6 s so, and grep still asked for every file.
 
 The kernel takes pages only for inodes it knows, and learns of inodes only from
 lookups and listings (FUSE has no notification that adds one). So a thread first
@@ -15,28 +21,50 @@ lists every directory through the mount; the kernel keeps those listings too.
 The kernel keeps each file in whole pages, so it is handed the contents only
 when those pages fit in the cache budget too: a million files of 100 bytes fit
 half of a 256 MB cache, and would take 4 GB of page cache.
+
+The hand-over follows the tree in traversal order, one step behind the preload,
+and takes whatever the cache holds: also what reads and esgrep fetched first,
+and what a refresh finds cached already under a new inode. A failure here is
+logged and ends the hand-over, never the mount.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
-import math
 import mmap
 import os
 from pathlib import Path
 
-import pyfuse3
 import trio
 
-from esfuse.cache import ContentCache, Key
+from esfuse.cache import ContentCache
+from esfuse.fs import hand_to_kernel
 from esfuse.grep.service import Served
 from esfuse.tree import Tree
 
 log = logging.getLogger(__name__)
 
-Push = list[tuple[int, bytes]]
-Files = dict[str, tuple[int, list[int]]]  # digest -> (size, inodes)
+# Files per hand-over to the thread: few trips through trio, quick to stop.
+HAND_OVER_BATCH = 256
+
+
+class _Progress:
+    """Wakes the hand-over each time the preload has cached a batch, and at its end."""
+
+    def __init__(self) -> None:
+        self.finished = False
+        self._next = trio.Event()
+
+    def step(self) -> None:
+        self._next.set()
+        self._next = trio.Event()
+
+    def finish(self) -> None:
+        self.finished = True
+        self.step()
+
+    async def wait(self) -> None:
+        await self._next.wait()
 
 
 class Preload:
@@ -50,14 +78,20 @@ class Preload:
         self.mountpoint = mountpoint
         self.served = served
         self.state = "loading"  # then "done", or "too large" for the cache
-        self.pushed = 0  # files handed to the kernel
-        self._trees = 0  # the last swap's number: only its end is "done"
-        self._kernel_takes = True  # until the kernel or the mount refuses
+        self.pushed = 0  # files handed to the kernel since mount
+        # A byte per inode the kernel holds (handed over, or read). Kept across
+        # refreshes: an inode's content never changes, and a new tree numbers what
+        # changed anew.
+        self._held = bytearray()
+        self._trees = 0  # the last swap's number: an older tree's hand-over stops
+        self._refused = 0  # the tree whose contents the kernel refused
         self._stopping = False
-        self._pushing = trio.Lock()
+        self._handing = trio.Lock()
 
     def swap(self, tree: Tree) -> None:
+        """Start on `tree` (at mount, and after each refresh)."""
         self._trees += 1
+        self._held.extend(bytes(max(0, tree.slots - len(self._held))))
         if not self.content.can_preload(tree.total_size):
             log.info("contents (%d bytes) exceed half the cache: not preloading", tree.total_size)
             self.state = "too large"
@@ -69,99 +103,102 @@ class Preload:
     async def stop(self) -> None:
         """Hand the kernel nothing more; returns once no hand-over is under way.
 
-        Called while requests are still served: a hand-over waits for the lock
-        of a page that a read in flight holds, which only our answer releases.
+        Called while requests are still served: a hand-over may wait for the
+        lock of a page that a read in flight holds, which only our answer
+        releases. The thread checks `_stopping` between files.
         """
         self._stopping = True
-        async with self._pushing:
+        async with self._handing:
             pass
 
     async def _run(self, tree: Tree, number: int) -> None:
-        files, pages = _inodes_by_content(tree)
-        if pages * mmap.PAGESIZE > self.content.chunks.max_bytes:
-            log.info("%d pages exceed the cache: not handing contents to the kernel", pages)
-            await self.content.preload(tree.contents())
-        else:
-            await self._load_and_hand_over(tree, files)
+        progress = _Progress()
+        pages = tree.pages(mmap.PAGESIZE)
+        try:
+            async with trio.open_nursery() as nursery:
+                if pages * mmap.PAGESIZE <= self.content.chunks.max_bytes:
+                    nursery.start_soon(self._hand_over, tree, number, progress)
+                else:
+                    log.info("%d pages exceed the cache: not handing them to the kernel", pages)
+                try:
+                    await self.content.preload(tree.contents(), progress.step)
+                finally:
+                    progress.finish()
+        except Exception:
+            log.exception("preloading tree %d failed", number)  # the mount serves on
         if number == self._trees:
             self.state = "done"
-        log.info("preloaded; %d files handed to the kernel", self.pushed)
 
-    async def _load_and_hand_over(self, tree: Tree, files: Files) -> None:
-        send, receive = trio.open_memory_channel[Push](math.inf)
+    def _current(self, number: int) -> bool:
+        return number == self._trees != self._refused and not self._stopping
 
-        def loaded(keys: list[Key]) -> None:
-            push: Push = []
-            for digest in {digest for digest, _ in keys}:
-                size, inodes = files[digest]
-                # None while another chunk of a large file is still on its way.
-                data = self.content.whole(digest, size)
-                if data is not None:
-                    push.extend((inode, data) for inode in inodes)
-            send.send_nowait(push)
+    async def _hand_over(self, tree: Tree, number: int, progress: _Progress) -> None:
+        # Its own boundary: a failure here must not cancel the preload, whose
+        # readers would then fail too.
+        try:
+            if await self._list_all():
+                handed = await self._hand_over_listed(tree, number, progress)
+                log.info("handed %d files of tree %d to the kernel", handed, number)
+        except Exception:
+            log.exception("handing tree %d to the kernel failed", number)
 
-        listed = trio.Event()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._list_all, listed)
-            nursery.start_soon(self._hand_over, listed, receive)
-            async with send:
-                await self.content.preload(tree.contents(), loaded)
+    async def _hand_over_listed(self, tree: Tree, number: int, progress: _Progress) -> int:
+        handed = 0
+        batch: list[tuple[int, bytes]] = []
+        for n, inode in enumerate(tree.file_inodes(), 1):
+            if not self._current(number):
+                return handed
+            if n % HAND_OVER_BATCH == 0:
+                await trio.lowlevel.checkpoint()  # a walk over what the kernel holds
+            if self._held[inode] or self.served.given(inode):
+                # Handed over for an earlier tree, or read: the kernel holds it.
+                self._held[inode] = 1
+                self.served.mark(inode)
+                continue
+            digest, size = tree.content(inode)
+            if digest is None or not size:
+                continue
+            data = self.content.cached(digest, size, 0, size, count=False)
+            while data is None and not progress.finished and digest not in tree.externals:
+                handed += await self._hand(batch, number)  # what is ready, meanwhile
+                if not progress.finished:
+                    await progress.wait()
+                data = self.content.cached(digest, size, 0, size, count=False)
+            if data is not None:  # else the preload could not load it: a read will ask
+                batch.append((inode, data))
+            if len(batch) >= HAND_OVER_BATCH:
+                handed += await self._hand(batch, number)
+        return handed + await self._hand(batch, number)
 
-    async def _list_all(self, listed: trio.Event) -> None:
+    async def _hand(self, batch: list[tuple[int, bytes]], number: int) -> int:
+        """Hand `batch` over and empty it; how many files the kernel took."""
+        if not batch or not self._current(number):
+            batch.clear()
+            return 0
+        async with self._handing:
+            taken, refused = await trio.to_thread.run_sync(
+                hand_to_kernel, list(batch), lambda: self._stopping
+            )
+        batch.clear()
+        for inode in taken:
+            self._held[inode] = 1
+            self.served.mark(inode)
+        self.pushed += len(taken)
+        if refused:
+            self._refused = number
+        return len(taken)
+
+    async def _list_all(self) -> bool:
+        """List every directory through the mount, so that the kernel knows every inode."""
         try:
             count = await trio.to_thread.run_sync(
                 _list_directories, self.mountpoint, abandon_on_cancel=True
             )
-            log.debug("listed %d directories for the kernel", count)
         except OSError as e:
             log.warning("cannot list %s; handing the kernel nothing: %s", self.mountpoint, e)
-            self._kernel_takes = False
-        listed.set()
-
-    async def _hand_over(
-        self, listed: trio.Event, receive: trio.MemoryReceiveChannel[Push]
-    ) -> None:
-        await listed.wait()
-        async with receive:
-            async for push in receive:
-                if not self._kernel_takes or self._stopping:
-                    continue  # drained, so the preload never waits on us
-                # What the kernel has read meanwhile, it holds already.
-                push = [(inode, data) for inode, data in push if not self.served.given(inode)]
-                async with self._pushing:
-                    taken = await trio.to_thread.run_sync(self._store, push)
-                for inode in taken:
-                    self.served.mark(inode)
-                self.pushed += len(taken)
-
-    def _store(self, push: Push) -> list[int]:
-        """In a thread: the inodes whose contents the kernel took."""
-        taken = []
-        for inode, data in push:
-            if self._stopping:
-                break
-            try:
-                pyfuse3.notify_store(pyfuse3.InodeT(inode), 0, data)
-            except OSError as e:
-                if e.errno == errno.ENOENT:
-                    continue  # the kernel has let the inode go; a read will ask for it
-                log.warning("the kernel refused contents (%s): handing over no more", e)
-                self._kernel_takes = False
-                break
-            taken.append(inode)
-        return taken
-
-
-def _inodes_by_content(tree: Tree) -> tuple[Files, int]:
-    """The files by content, and how many pages the kernel would keep them in."""
-    files: Files = {}
-    pages = 0
-    for inode in tree.file_inodes():
-        digest, size = tree.content(inode)
-        if digest is not None:
-            files.setdefault(digest, (size, []))[1].append(inode)
-            pages += -(-size // mmap.PAGESIZE)
-    return files, pages
+            return False
+        log.debug("listed %d directories for the kernel", count)
+        return True
 
 
 def _list_directories(top: Path) -> int:

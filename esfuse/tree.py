@@ -359,6 +359,10 @@ class Tree:
             else:
                 yield inode
 
+    def pages(self, page_size: int) -> int:
+        """How many pages of `page_size` bytes the files fill, each file its own."""
+        return sum(-(-size // page_size) for size in self._sizes)
+
     def content(self, inode: int) -> tuple[str | None, int]:
         """(digest, size) of an inode (no digest for a directory), without a Node."""
         i = self._check(inode)

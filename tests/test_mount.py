@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from esfuse import mountinfo, protocol
-from esfuse.daemon import alive, read_record, record_path
+from esfuse.daemon import alive, force_unmount, read_record, record_path
 from tests.conftest import ESFUSE, Docs, corpus, esfuse, mount_or_fail, run, status, unmount
 
 pytestmark = [pytest.mark.es, pytest.mark.mount]
@@ -265,24 +265,27 @@ def test_umount_waits_for_the_daemon_and_sigterm_unmounts(docs, tmp_path):
     assert list(mountpoint.iterdir()) == []
 
 
-def test_a_process_that_exited_counts_as_gone_before_it_is_reaped():
-    # `sleep 0.1` exits as the child of a `sleep 30`, which never reaps it.
-    parent = subprocess.Popen(
-        ["sh", "-c", "sleep 0.1 & echo $!; exec sleep 30"], stdout=subprocess.PIPE, text=True
-    )
+def test_a_forced_unmount_ends_the_daemon(docs, tmp_path):
+    # What unmounting does when a hand-over to the kernel waits on a read that no
+    # one will answer any more.
+    mountpoint = mount_or_fail(docs, tmp_path / "m")
+    pid = read_record(mountpoint)["pid"]
+    # An open file keeps a detached mount, and its connection, alive: only the
+    # abort ends them.
+    held = os.open(mountpoint / "guide", os.O_RDONLY)
     try:
-        assert parent.stdout is not None
-        zombie = int(parent.stdout.readline())
+        force_unmount(mountpoint)
+        assert run("mountpoint", "-q", mountpoint).returncode != 0
         deadline = time.monotonic() + 10
-        while b") Z " not in Path(f"/proc/{zombie}/stat").read_bytes():
-            assert time.monotonic() < deadline, "sleep 0.1 did not exit"
+        while alive(pid):
+            assert time.monotonic() < deadline, "the daemon outlived its connection"
             time.sleep(0.05)
-        assert not alive(zombie)
-        assert alive(parent.pid)
+        with pytest.raises(OSError) as raised:
+            os.listdir(held)
+        assert raised.value.errno == errno.ENOTCONN
     finally:
-        parent.kill()
-        parent.wait()
-    assert not alive(parent.pid)
+        os.close(held)
+        unmount(mountpoint)
 
 
 def test_foreground_mount_serves_until_sigint(docs, tmp_path):

@@ -1,4 +1,4 @@
-"""Running it for real: the systemd unit, readiness, surviving a cluster outage."""
+"""Running it for real: the systemd unit, readiness, unmounting, surviving a cluster outage."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from elasticsearch import Elasticsearch
 
+from esfuse.daemon import alive
 from esfuse.errors import EsfuseError
 from esfuse.mounthelper import translate
 from tests.conftest import ESFUSE, REPO, Docs, mount_or_fail, run, unmount
@@ -157,3 +158,23 @@ def test_the_dockerfile_lints_clean_and_installs_what_setup_installs():
     for package in re.findall(r"\b([a-z0-9.+-]+)=[0-9:.+~-]+", dockerfile):
         assert re.search(rf"\b{re.escape(package)}\b", setup.split("packages=(")[1].split(")")[0])
     assert "pip install" in dockerfile and "pip install" in setup
+
+
+def test_a_process_that_exited_counts_as_gone_before_it_is_reaped():
+    # `sleep 0.1` exits as the child of a `sleep 30`, which never reaps it.
+    parent = subprocess.Popen(
+        ["sh", "-c", "sleep 0.1 & echo $!; exec sleep 30"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        zombie = int(parent.stdout.readline())
+        deadline = time.monotonic() + 10
+        while b") Z " not in Path(f"/proc/{zombie}/stat").read_bytes():
+            assert time.monotonic() < deadline, "sleep 0.1 did not exit"
+            time.sleep(0.05)
+        assert not alive(zombie)
+        assert alive(parent.pid)
+    finally:
+        parent.kill()
+        parent.wait()
+    assert not alive(parent.pid)

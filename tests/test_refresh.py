@@ -138,14 +138,17 @@ def test_a_refresh_hands_what_it_adds_to_the_kernel(live):
     assert status(m)["handed_to_kernel"] == 4
     (src / "a.md").write_text("version two\n")
     (src / "quiet" / "new.md").write_text("new\n")
+    # A new inode whose content the cache holds already: nothing to load for it.
+    (src / "quiet" / "old.md").rename(src / "quiet" / "moved.md")
     assert d.ingest().returncode == 0
     os.kill(read_record(m)["pid"], signal.SIGHUP)
     wait_for(lambda: status(m)["tree_version"] == 2 and status(m)["preload"] == "done")
     before = status(m)
-    assert before["handed_to_kernel"] == 4 + 2
+    assert before["handed_to_kernel"] == 4 + 3  # and nothing that stayed the same
     assert (m / "a.md").read_text() == "version two\n"
     assert (m / "quiet" / "new.md").read_text() == "new\n"
-    # Both read from the kernel's page cache: neither read reached the daemon.
+    assert (m / "quiet" / "moved.md").read_text() == "old\n"
+    # All read from the kernel's page cache: no read reached the daemon.
     after = status(m)
     assert (after["cache_hits"], after["cache_misses"]) == (
         before["cache_hits"],
