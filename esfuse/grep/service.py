@@ -82,6 +82,7 @@ class Served:
         self._count = 0
 
     def given(self, inode: int) -> bool:
+        """Whether the kernel has been given this inode's content."""
         return inode < len(self._seen) and bool(self._seen[inode])
 
     def mark(self, inode: int) -> None:
