@@ -41,6 +41,7 @@ from esfuse.preload import Preload
 from esfuse.refresh import Refresher, TreeUser
 from esfuse.server import ControlServer, Peer, bind
 from esfuse.store import Connection, Store, connect
+from esfuse.tree import Changes
 from esfuse.treecache import TreeCache
 
 log = logging.getLogger(__name__)
@@ -278,15 +279,17 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
             preload = (
                 Preload(content, nursery, options.mountpoint, served) if options.preload else None
             )
-            users: list[TreeUser] = [ops, grep, served, *([preload] if preload else [])]
+            users: list[TreeUser] = [ops, grep, served]
+
+            async def changed(diff: Changes) -> None:
+                await invalidate(diff)
+                if preload:
+                    # Only now: it lists directories for the kernel to learn the new
+                    # inodes, which names dropped after that would take with them.
+                    preload.swap(refresher.tree)
+
             refresher = Refresher(
-                store,
-                options.viewer,
-                pointer.version,
-                tree,
-                users,
-                invalidate,
-                options.refresh,
+                store, options.viewer, pointer.version, tree, users, changed, options.refresh
             )
             refresher.load_ms = load_seconds * 1000
 

@@ -325,27 +325,43 @@ def hand_to_kernel(
     return taken, False
 
 
-def invalidate(changes: Changes) -> None:
-    """Make the kernel forget what a refresh changed: names, listings and attributes.
+async def invalidate(changes: Changes) -> None:
+    """Make the kernel forget what a refresh changed: names, listings and
+    attributes; returns once it has.
 
-    Contents need no invalidation: a changed file is a new inode. The entry
-    notifications are queued (pyfuse3 sends them from its own thread, so they
-    cannot deadlock against a request we are serving). Inode invalidation does
-    not wait on us either: attributes touch no page, and the pages of a
-    directory, where the kernel keeps its listing, are locked only while the
-    kernel copies entries in or out, never across a request.
+    Contents need no invalidation: a changed file is a new inode. An entry
+    invalidation waits for any request on its directory, which this thread may
+    be the one to answer, so they run in a worker thread, as pyfuse3 advises.
+    They are awaited, not queued (pyfuse3's invalidate_entry_async), because
+    what follows relies on them being done: the preload lists the directories
+    again so that the kernel knows the new inodes, and a name dropped after that
+    took its new inode with it, which the kernel then refused contents for.
+    Inode invalidation does not wait on us: attributes touch no page, and the
+    pages of a directory, where the kernel keeps its listing, are locked only
+    while the kernel copies entries in or out, never across a request.
     """
-    for parent, name, inode in changes.gone:
-        pyfuse3.invalidate_entry_async(
-            pyfuse3.InodeT(parent), name, pyfuse3.InodeT(inode), ignore_enoent=True
-        )
-    for parent, name in changes.added:
-        pyfuse3.invalidate_entry_async(pyfuse3.InodeT(parent), name, ignore_enoent=True)
+    await trio.to_thread.run_sync(_forget_entries, changes, abandon_on_cancel=True)
     relisted = {parent for parent, _, _ in changes.gone} | {p for p, _ in changes.added}
     for inode in relisted:
         _forget(inode, attr_only=False)
     for inode in set(changes.touched) - relisted:
         _forget(inode, attr_only=True)
+
+
+def _forget_entries(changes: Changes) -> None:
+    """In a worker thread: drop the names that went or came."""
+    for parent, name, inode in changes.gone:
+        _forget_entry(parent, name, inode)
+    for parent, name in changes.added:
+        _forget_entry(parent, name, 0)
+
+
+def _forget_entry(parent: int, name: bytes, deleted: int) -> None:
+    try:
+        pyfuse3.invalidate_entry(pyfuse3.InodeT(parent), name, pyfuse3.InodeT(deleted))
+    except OSError as e:
+        if e.errno != errno.ENOENT:  # the kernel never looked it up: nothing to forget
+            log.warning("invalidating %r in inode %d: %s", name, parent, e)
 
 
 def _forget(inode: int, attr_only: bool) -> None:

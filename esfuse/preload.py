@@ -7,7 +7,7 @@ costs one READ round trip per file, about 45 µs: over tldr (38,405 files) even
 the RAM floor took 1.6-1.9 s, seven times a warm run. So each loaded batch also
 goes to the kernel's page cache with notify_store (about 20 µs a file, from a
 thread), where reads find it without asking us. Done 2.0-2.6 s after mount on
-tldr, a first `grep -r` then took 0.20-0.25 s, as a warm one, with no request
+tldr, a first `grep -r` then took 0.20-0.25 s, as a warm one, with no read
 reaching the daemon.
 
 A `grep -r` started right at mount does not gain: the hand-over thread waits for

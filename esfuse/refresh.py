@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import trio
@@ -38,7 +38,7 @@ class Refresher:
         version: int,
         tree: Tree,
         users: list[TreeUser],
-        notify: Callable[[Changes], None],
+        notify: Callable[[Changes], Awaitable[None]],
         interval: float,
     ) -> None:
         self.store = store
@@ -83,7 +83,7 @@ class Refresher:
             user.swap(new)
         self.tree, self.version, self.loaded_at = new, pointer.version, time.time()
         self.last_error = None
-        self.notify(diff)
+        await self.notify(diff)
         log.info(
             "tree version %d: %d gone, %d added, %d changed",
             pointer.version,
