@@ -279,14 +279,12 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
             preload = (
                 Preload(content, nursery, options.mountpoint, served) if options.preload else None
             )
-            users: list[TreeUser] = [ops, grep, served]
+            users: list[TreeUser] = [ops, grep, served, *([preload] if preload else [])]
 
             async def changed(diff: Changes) -> None:
                 await invalidate(diff)
                 if preload:
-                    # Only now: it lists directories for the kernel to learn the new
-                    # inodes, which names dropped after that would take with them.
-                    preload.swap(refresher.tree)
+                    preload.start()
 
             refresher = Refresher(
                 store, options.viewer, pointer.version, tree, users, changed, options.refresh
@@ -312,6 +310,7 @@ async def serve(options: MountOptions, ready: Callable[[], None]) -> None:
                 ready()
                 if preload:
                     preload.swap(tree)
+                    preload.start()
                 await _serve_mounted(options, preload)
             finally:
                 nursery.cancel_scope.cancel()
@@ -340,12 +339,9 @@ async def _stop_hand_over(preload: Preload, mountpoint: Path) -> None:
     will answer now; a forced unmount aborts the connection, which ends that read.
     """
     with trio.CancelScope(shield=True):
-        with trio.move_on_after(STOP_TIMEOUT) as waiting:
-            await preload.stop()
-        if waiting.cancelled_caught:
+        if not await preload.stop(STOP_TIMEOUT):
             force_unmount(mountpoint)
-            with trio.move_on_after(STOP_TIMEOUT):
-                await preload.stop()
+            await preload.stop(STOP_TIMEOUT)
 
 
 def force_unmount(mountpoint: Path) -> None:
@@ -425,8 +421,7 @@ async def _handle_signals(
                 continue
             log.info("received %s, unmounting", signal.Signals(signum).name)
             if preload:
-                with trio.move_on_after(STOP_TIMEOUT):
-                    await preload.stop()
+                await preload.stop(STOP_TIMEOUT)
             pyfuse3.terminate()
 
 

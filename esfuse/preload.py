@@ -83,33 +83,45 @@ class Preload:
         # refreshes: an inode's content never changes, and a new tree numbers what
         # changed anew.
         self._held = bytearray()
+        self._tree: Tree | None = None  # swapped in, not started yet
         self._trees = 0  # the last swap's number: an older tree's hand-over stops
         self._refused = 0  # the tree whose contents the kernel refused
         self._stopping = False
         self._handing = trio.Lock()
 
     def swap(self, tree: Tree) -> None:
-        """Start on `tree` (at mount, and after each refresh)."""
+        """Take `tree` with the other users of the tree, so that `state` never
+        speaks of the one before; `start` begins on it."""
         self._trees += 1
         self._held.extend(bytes(max(0, tree.slots - len(self._held))))
-        if not self.content.can_preload(tree.total_size):
+        self._tree = tree
+        self.state = "loading" if self.content.can_preload(tree.total_size) else "too large"
+
+    def start(self) -> None:
+        """Begin on the tree swapped in last, once the kernel has forgotten what
+        changed: the hand-over lists directories for it to learn the new inodes,
+        and a name it dropped after that would take its inode with it."""
+        tree, self._tree = self._tree, None
+        if tree is None:
+            return
+        if self.state == "too large":
             log.info("contents (%d bytes) exceed half the cache: not preloading", tree.total_size)
-            self.state = "too large"
             return
         log.info("preloading %d files", tree.file_count)
-        self.state = "loading"
         self.nursery.start_soon(self._run, tree, self._trees)
 
-    async def stop(self) -> None:
-        """Hand the kernel nothing more; returns once no hand-over is under way.
+    async def stop(self, timeout: float) -> bool:
+        """Hand the kernel nothing more; whether, within `timeout` seconds, no
+        hand-over is under way any more.
 
-        Called while requests are still served: a hand-over may wait for the
-        lock of a page that a read in flight holds, which only our answer
-        releases. The thread checks `_stopping` between files.
+        A hand-over may wait for the lock of a page that a read in flight holds,
+        which only our answer releases; the thread checks `_stopping` between files.
         """
         self._stopping = True
-        async with self._handing:
-            pass
+        with trio.move_on_after(timeout):
+            async with self._handing:
+                return True
+        return False
 
     async def _run(self, tree: Tree, number: int) -> None:
         progress = _Progress()
@@ -158,13 +170,13 @@ class Preload:
             digest, size = tree.content(inode)
             if digest is None or not size:
                 continue
-            data = self.content.cached(digest, size, 0, size, count=False)
-            while data is None and not progress.finished and digest not in tree.externals:
+            while (data := self.content.cached(digest, size, 0, size, count=False)) is None:
+                if progress.finished or digest in tree.externals:
+                    break  # the preload could not load it: a read will ask for it
                 handed += await self._hand(batch, number)  # what is ready, meanwhile
                 if not progress.finished:
                     await progress.wait()
-                data = self.content.cached(digest, size, 0, size, count=False)
-            if data is not None:  # else the preload could not load it: a read will ask
+            if data is not None:
                 batch.append((inode, data))
             if len(batch) >= HAND_OVER_BATCH:
                 handed += await self._hand(batch, number)

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 import uuid
 from pathlib import Path
 
@@ -108,6 +109,15 @@ def status(mountpoint: Path) -> dict:
     path = protocol.socket_of(mountpoint)
     answer = protocol.call(path, {"op": "status"}, 30)
     assert answer["ok"], answer
+    return answer
+
+
+def wait_preloaded(mountpoint: Path) -> dict:
+    """The status once the preload of the last tree is done."""
+    deadline = time.monotonic() + 60
+    while (answer := status(mountpoint))["preload"] != "done":
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.1)
     return answer
 
 

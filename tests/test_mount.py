@@ -16,7 +16,17 @@ import pytest
 
 from esfuse import mountinfo, protocol
 from esfuse.daemon import alive, force_unmount, read_record, record_path
-from tests.conftest import ESFUSE, Docs, corpus, esfuse, mount_or_fail, run, status, unmount
+from tests.conftest import (
+    ESFUSE,
+    Docs,
+    corpus,
+    esfuse,
+    mount_or_fail,
+    run,
+    status,
+    unmount,
+    wait_preloaded,
+)
 
 pytestmark = [pytest.mark.es, pytest.mark.mount]
 
@@ -404,14 +414,6 @@ def test_the_installed_pyfuse3_is_the_patched_build():
     assert getattr(pyfuse3, "READ_GETS_INODE_WITHOUT_OPEN", False)
     assert getattr(pyfuse3, "OPENDIR_TAKES_FILEINFO", False)
     assert getattr(pyfuse3, "TAKES_WAITING_REQUESTS", False)
-
-
-def wait_preloaded(mountpoint: Path) -> dict:
-    deadline = time.monotonic() + 60
-    while (answer := status(mountpoint))["preload"] != "done":
-        assert time.monotonic() < deadline, answer
-        time.sleep(0.1)
-    return answer
 
 
 def test_preload_fetches_in_bulk_and_hands_everything_to_the_kernel(docs, fixture_src, tmp_path):

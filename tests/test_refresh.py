@@ -12,7 +12,7 @@ import pytest
 
 from esfuse.daemon import read_record
 from esfuse.tree import DirRecord, FileRecord, Tree, changes
-from tests.conftest import Docs, mount_or_fail, status, unmount
+from tests.conftest import Docs, mount_or_fail, status, unmount, wait_preloaded
 
 # -- pure units ---------------------------------------------------------------------
 
@@ -134,7 +134,7 @@ def test_sighup_refreshes_at_once_and_open_handles_keep_their_version(live):
 def test_a_refresh_hands_what_it_adds_to_the_kernel(live):
     d, src, m = live
     mount_or_fail(d, m, "--refresh", "0")
-    wait_for(lambda: status(m)["preload"] == "done")
+    wait_preloaded(m)
     assert status(m)["handed_to_kernel"] == 4
     (src / "a.md").write_text("version two\n")
     (src / "quiet" / "new.md").write_text("new\n")
@@ -142,8 +142,8 @@ def test_a_refresh_hands_what_it_adds_to_the_kernel(live):
     (src / "quiet" / "old.md").rename(src / "quiet" / "moved.md")
     assert d.ingest().returncode == 0
     os.kill(read_record(m)["pid"], signal.SIGHUP)
-    wait_for(lambda: status(m)["tree_version"] == 2 and status(m)["preload"] == "done")
-    before = status(m)
+    wait_for(lambda: status(m)["tree_version"] == 2)
+    before = wait_preloaded(m)
     assert before["handed_to_kernel"] == 4 + 3  # and nothing that stayed the same
     assert (m / "a.md").read_text() == "version two\n"
     assert (m / "quiet" / "new.md").read_text() == "new\n"
