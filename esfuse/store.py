@@ -138,7 +138,17 @@ class Connection:
 
 
 def connect(conn: Connection) -> AsyncElasticsearch:
-    """An async client for trio: httpx speaks trio natively, aiohttp does not."""
+    """An async client for trio: httpx speaks trio natively, aiohttp does not.
+
+    Nothing is sent yet; a URL, cloud id or CA path the client cannot take is a
+    StoreError here."""
+    try:
+        return _client(conn)
+    except ValueError as e:
+        raise StoreError(f"cannot use Elasticsearch at {conn.where}: {e}") from None
+
+
+def _client(conn: Connection) -> AsyncElasticsearch:
     return AsyncElasticsearch(
         None if conn.cloud_id else conn.url,
         cloud_id=conn.cloud_id,

@@ -236,6 +236,14 @@ def test_mounting_with_elasticsearch_unreachable_fails_clearly(tmp_path):
     one_line_error(done, "cannot reach Elasticsearch")
 
 
+@pytest.mark.parametrize("command", ["mount", "ingest"])
+def test_a_url_the_client_cannot_take_fails_clearly(tmp_path, command):
+    (tmp_path / "m").mkdir()
+    done = esfuse(command, tmp_path / "m", "--es", "localhost", "--index", "docs")
+    one_line_error(done, "cannot use Elasticsearch at localhost")
+    assert run("mountpoint", "-q", tmp_path / "m").returncode != 0
+
+
 def test_a_corrupt_tree_document_refuses_the_mount(es_url, es, fixture_src, tmp_path):
     d = Docs(es_url, es, fixture_src / "guide", prefix="corrupt")
     try:
