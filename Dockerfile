@@ -18,7 +18,9 @@ COPY --chown=builder pyproject.toml README.md ./
 COPY --chown=builder esfuse ./esfuse
 COPY --chown=builder scripts/build-pyfuse3 ./scripts/
 COPY --chown=builder scripts/pyfuse3.d ./scripts/pyfuse3.d
+# pip 25.2 writes launchers that do not import `re` (see scripts/setup).
 RUN python -m venv /opt/esfuse \
+    && /opt/esfuse/bin/pip install --no-cache-dir pip==25.3 \
     && /opt/esfuse/bin/pip install --no-cache-dir \
         "$(ESFUSE_WHEELS=/tmp/wheels scripts/build-pyfuse3 /opt/esfuse/bin/python)" \
     && /opt/esfuse/bin/pip install --no-cache-dir .

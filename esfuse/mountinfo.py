@@ -2,17 +2,16 @@
 
 Reading the table never touches the mounts themselves, so a dead FUSE mount
 ("Transport endpoint is not connected") cannot make it hang or fail. Plain
-strings and `os.path` only: esgrep imports this on every call, and pathlib
-alone would cost it more than the rest of its start-up.
+bytes and `os.path` only, not `pathlib` or `re`: esgrep imports this on every
+call, and either would cost it more than the rest of this module.
 """
 
 from __future__ import annotations
 
 import os
-import re
 
 FSTYPE = "fuse.esfuse"
-_ESCAPE = re.compile(rb"\\([0-7]{3})")
+_OCTAL = frozenset(b"01234567")
 
 
 def mounts() -> list[tuple[str, str, str]]:
@@ -28,7 +27,16 @@ def mounts() -> list[tuple[str, str, str]]:
 
 
 def _unescaped(field: bytes) -> str:
-    return os.fsdecode(_ESCAPE.sub(lambda m: bytes([int(m[1], 8)]), field))
+    """The kernel writes a space, tab, newline or backslash in a field as \\ooo (octal)."""
+    first, *rest = field.split(b"\\")
+    parts = [first]
+    for part in rest:
+        code = part[:3]
+        if len(code) == 3 and _OCTAL.issuperset(code):
+            parts += [bytes([int(code, 8) & 0xFF]), part[3:]]
+        else:
+            parts += [b"\\", part]
+    return os.fsdecode(b"".join(parts))
 
 
 def mount_at(mountpoint: os.PathLike[str] | str) -> tuple[str, str] | None:

@@ -355,6 +355,9 @@ def frame(body: bytes) -> bytes:
     "payload, error",
     [
         (frame(b"not json"), "not JSON"),
+        (frame(b'{"v": 1, "op": "status"} {}'), "not JSON"),
+        (frame(b'{"v": 1, "op": "\xff"}'), "not JSON"),
+        (frame(b"[" * 100_000), "nested too deeply"),
         (frame(b"[1, 2]"), "JSON object"),
         (frame(b'{"v": 99, "op": "status"}'), "protocol version"),
         (frame(b'{"v": 1, "op": "format-disk"}'), "unknown op"),
