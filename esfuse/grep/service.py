@@ -194,12 +194,17 @@ class GrepService:
             found = self._current(hits) + [
                 (self.tree.path(i), i) for i in self.unindexed if _under(self.tree, i, tops)
             ]
-            found.sort(key=lambda entry: entry[0].split("/"))  # traversal order
+            # Traversal order: component by component, as NUL sorts before any name's
+            # character (a key of split paths took 15 ms over 7,000 hits, this 3).
+            found.sort(key=lambda entry: entry[0].replace("/", "\0"))
             candidates = [inode for _, inode in found]
             self._narrow(pid, with_ancestors(self.tree, candidates))
             mode = "filtered"
-        # Grep starts at once; its reads wait for batches still on their way.
-        self.content.prefetch(self.nursery, self.tree.contents_of(candidates))
+        # Grep starts at once; its reads wait for batches still on their way. It reads
+        # what the kernel was given from the kernel: looking that up in the cache cost
+        # 40 ms of an unselective esgrep over a preloaded tldr, for nothing.
+        wanted = (i for i in candidates if not self.served.given(i))
+        self.content.prefetch(self.nursery, self.tree.contents_of(wanted))
         log.debug("grep %r in %s: %d candidates (%s)", patterns, scopes, len(candidates), mode)
         return {"mode": mode, "candidates": len(candidates)}
 
