@@ -104,6 +104,7 @@ class Operations(pyfuse3.Operations):
         self.uid = os.getuid()
         self.gid = os.getgid()
         self._misses_in_dir: dict[int, int] = {}
+        self._listed: set[int] = set()  # directories opened since the tree was loaded
         self._attributes: dict[int, pyfuse3.EntryAttributes] = {}
         # Directory handles above the inode range: listings narrowed for an esgrep session.
         self._narrowed: dict[int, tuple[int, list[tuple[bytes, int]]]] = {}
@@ -112,6 +113,7 @@ class Operations(pyfuse3.Operations):
     def swap(self, tree: Tree) -> None:
         self.previous, self.tree = self.tree, tree
         self._misses_in_dir.clear()  # a new version is worth reading ahead again
+        self._listed.clear()
         self._attributes.clear()
 
     def node(self, inode: int) -> Node:
@@ -173,6 +175,7 @@ class Operations(pyfuse3.Operations):
     async def opendir(self, inode: int, ctx: Any) -> Any:
         if not self.tree.is_dir(inode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
+        self._listed.add(inode)
         visible = self.sessions.visible(ctx.pid)
         if visible is None:
             return _directory_handle(inode, cached=True)
@@ -220,6 +223,11 @@ class Operations(pyfuse3.Operations):
         order, the second brings the rest of the directory, in a few requests.
         The missed file itself is not in them: its read asked for it alone, which
         answers sooner than a batch.
+        A traversal lists a directory before it reads it. In a directory no one
+        has listed, a miss is most likely a lone `cat`, and the window starts
+        only at the second miss: read ahead at once, the window was still
+        loading when the next unrelated read came, which made single reads of
+        uncached files take 4.4 ms instead of 2.9 (p50, 60 directories of tldr).
         Only misses count, so an esgrep session, whose candidates the daemon has
         already fetched, reads ahead nothing.
         """
@@ -227,13 +235,14 @@ class Operations(pyfuse3.Operations):
             parent = self.tree.parent(inode)
         except KeyError:
             return  # an inode of the replaced tree: no traversal to anticipate
-        seen = self._misses_in_dir.get(parent, 0)
-        if seen >= 2:
+        misses = self._misses_in_dir.get(parent, 0)
+        self._misses_in_dir[parent] = misses + 1
+        step = misses if parent in self._listed else misses - 1
+        if step not in (0, 1):
             return
-        self._misses_in_dir[parent] = seen + 1
         listing = self.tree.listing(parent)
         start = 1 + next(i for i, (_, child) in enumerate(listing) if child == inode)
-        stop = start + READ_AHEAD_WINDOW if seen == 0 else len(listing)
+        stop = start + READ_AHEAD_WINDOW if step == 0 else len(listing)
         window = (child for _, child in listing[start:stop])
         self.content.prefetch(self.nursery, self.tree.contents_of(window))
 

@@ -424,6 +424,31 @@ def test_the_installed_pyfuse3_is_the_patched_build():
     assert getattr(pyfuse3, "TAKES_WAITING_REQUESTS", False)
 
 
+def test_a_lone_read_reads_ahead_nothing_and_a_traversal_reads_ahead(docs, fixture_src, tmp_path):
+    mountpoint = mount_or_fail(docs, tmp_path / "m", "--no-preload")
+
+    def content_requests() -> int:
+        time.sleep(0.3)  # a read-ahead starts after the read that missed has returned
+        return status(mountpoint)["requests"].get("content", 0)
+
+    try:
+        names = sorted(p.name for p in (fixture_src / "wide").iterdir())
+        before = content_requests()
+        # Opened by name, in a directory no one has listed: one file, one request.
+        first = mountpoint / "wide" / names[0]
+        assert first.read_bytes() == (fixture_src / "wide" / names[0]).read_bytes()
+        assert content_requests() == before + 1
+        # Listed, then read in order: the misses bring their siblings in bulk.
+        assert sorted(os.listdir(mountpoint / "wide")) == names
+        before = content_requests()
+        read = names[100:400]
+        for name in read:
+            assert (mountpoint / "wide" / name).read_bytes()
+        assert content_requests() - before < len(read) / 10
+    finally:
+        unmount(mountpoint)
+
+
 def test_preload_fetches_in_bulk_and_hands_everything_to_the_kernel(docs, fixture_src, tmp_path):
     files = [p for p in fixture_src.rglob("*") if p.is_file()]
     by_digest = {hashlib.sha256(p.read_bytes()).hexdigest(): p.stat().st_size for p in files}
