@@ -143,26 +143,22 @@ def connect(conn: Connection) -> AsyncElasticsearch:
     Nothing is sent yet; a URL, cloud id or CA path the client cannot take is a
     StoreError here."""
     try:
-        return _client(conn)
+        return AsyncElasticsearch(
+            None if conn.cloud_id else conn.url,
+            cloud_id=conn.cloud_id,
+            api_key=conn.api_key,
+            ca_certs=conn.ca_certs,
+            node_class="httpxasync",
+            # httpx asks for gzip by default; compressing base64 content on a nearby
+            # cluster costs more CPU than it saves (a profile of a cold `grep -r`
+            # spent 15% of the daemon's time in GZipDecoder.decode).
+            headers={"accept-encoding": "identity"},
+            request_timeout=conn.timeout,
+            max_retries=2,
+            retry_on_timeout=True,
+        )
     except ValueError as e:
         raise StoreError(f"cannot use Elasticsearch at {conn.where}: {e}") from None
-
-
-def _client(conn: Connection) -> AsyncElasticsearch:
-    return AsyncElasticsearch(
-        None if conn.cloud_id else conn.url,
-        cloud_id=conn.cloud_id,
-        api_key=conn.api_key,
-        ca_certs=conn.ca_certs,
-        node_class="httpxasync",
-        # httpx asks for gzip by default; compressing base64 content on a nearby
-        # cluster costs more CPU than it saves (a profile of a cold `grep -r` spent
-        # 15% of the daemon's time in GZipDecoder.decode).
-        headers={"accept-encoding": "identity"},
-        request_timeout=conn.timeout,
-        max_retries=2,
-        retry_on_timeout=True,
-    )
 
 
 @contextmanager
