@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, int]
 PREFETCH_BATCH_BYTES = 4 << 20
-PREFETCH_BATCH_KEYS = 256
+PREFETCH_BATCH_KEYS = 1024
 # Batches in flight at once: Elasticsearch answers one while we decode another.
 PREFETCH_PARALLEL = 3
 Loader = Callable[[Sequence[Key]], Awaitable[dict[Key, bytes]]]

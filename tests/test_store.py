@@ -13,7 +13,7 @@ import trio
 from esfuse import store as layout
 from esfuse.access import EVERYTHING, Viewer
 from esfuse.cache import ContentCache
-from esfuse.errors import TreeError
+from esfuse.errors import StoreError, TreeError
 from esfuse.store import Connection, Store, connect
 from esfuse.treecache import TreeCache
 from tests.conftest import ESFUSE, Docs, esfuse, run
@@ -25,15 +25,16 @@ def source_files(root: Path) -> dict[str, Path]:
     return {p.relative_to(root).as_posix(): p for p in root.rglob("*") if p.is_file()}
 
 
-def with_store(docs: Docs, work):
-    async def main():
-        client = connect(Connection(url=docs.url))
-        try:
-            return await work(Store(client, docs.name, docs.url))
-        finally:
-            await client.close()
+async def with_store_async(docs: Docs, work):
+    client = connect(Connection(url=docs.url))
+    try:
+        return await work(Store(client, docs.name, docs.url))
+    finally:
+        await client.close()
 
-    return trio.run(main)
+
+def with_store(docs: Docs, work):
+    return trio.run(with_store_async, docs, work)
 
 
 def test_the_published_tree_matches_the_source(docs):
@@ -124,6 +125,29 @@ def test_reingest_is_incremental_and_collects_garbage(small):
     assert {
         h["_id"] for h in small.es.search(index=f"{small.name}-meta", size=100)["hits"]["hits"]
     } == {"current", "tree-3-0", "tree-4-0"}
+
+
+@pytest.mark.parametrize("others", [0, layout.MGET_MAX], ids=["by mget", "by search"])
+def test_chunks_read_by_either_request_and_a_bad_one_is_a_store_error(small, es, others):
+    assert small.ingest().returncode == 0
+    good = (hashlib.sha256(b"alpha\n").hexdigest(), 0)
+    bad, lost = ("0" * 64, 0), ("1" * 64, 0)
+    es.index(
+        index=f"{small.name}-chunks",
+        id=layout.chunk_id(bad),
+        document={"data": "not base64!", "public": True},
+        refresh=True,
+    )
+    # Past MGET_MAX keys the chunks come by a search; the extra keys are all `good`.
+    padding = [good] * others
+
+    async def fetch(keys):
+        return await with_store_async(small, lambda s: s.fetch_chunks(keys))
+
+    assert trio.run(fetch, [good, *padding]) == {good: b"alpha\n"}
+    for key, reason in ((bad, "is corrupt"), (lost, "is missing")):
+        with pytest.raises(StoreError, match=f"content chunk {layout.chunk_id(key)} {reason}"):
+            trio.run(fetch, [good, key, *padding])
 
 
 def test_checksum_catches_a_change_that_kept_size_and_mtime(small):
