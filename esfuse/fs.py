@@ -12,7 +12,7 @@ import errno
 import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
@@ -48,6 +48,8 @@ SKIP_OPENS = getattr(pyfuse3, "READ_GETS_INODE_WITHOUT_OPEN", False)
 # carries about 25 entries per request, and those requests were what kept a warm
 # `grep -r` over tldr at 1.6x a local disk.
 CACHE_LISTINGS = getattr(pyfuse3, "OPENDIR_TAKES_FILEINFO", False)
+# Files per store in the kernel's page cache: how often a hand-over asks whether to stop.
+STORE_STEP = 64
 
 
 def boundary(handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
@@ -310,28 +312,53 @@ def _directory_handle(fh: int, cached: bool) -> Any:
 
 
 def hand_to_kernel(
-    contents: Iterable[tuple[int, bytes]], stopping: Callable[[], bool]
+    contents: Sequence[tuple[int, bytes]], stopping: Callable[[], bool]
 ) -> tuple[list[int], bool]:
     """Store whole contents in the kernel's page cache: the inodes it took, and
     whether it refused any for a reason other than not knowing the inode.
 
     It may wait on the lock of a page whose read is in flight, which only our
     answer to that read releases: call it from a thread, never from the one
-    answering requests.
+    answering requests. `stopping` is asked before each step of STORE_STEP files.
     """
-    taken = []
-    for inode, data in contents:
+    taken: list[int] = []
+    for start in range(0, len(contents), STORE_STEP):
         if stopping():
             break
+        step = contents[start : start + STORE_STEP]
+        for (inode, _), error in zip(step, _store(step), strict=False):  # _store stops at a refusal
+            if not error:
+                taken.append(inode)
+            elif error != errno.ENOENT:  # ENOENT: the kernel let it go; a read will ask
+                log.warning(
+                    "the kernel refused contents for inode %d: %s", inode, os.strerror(error)
+                )
+                return taken, True
+    return taken, False
+
+
+def _store_each(contents: Sequence[tuple[int, bytes]]) -> list[int]:
+    """`notify_store_many` for stock pyfuse3: one call, and one release of the
+    interpreter lock, per file."""
+    errors = []
+    for inode, data in contents:
         try:
             pyfuse3.notify_store(pyfuse3.InodeT(inode), 0, data)
         except OSError as e:
-            if e.errno == errno.ENOENT:
-                continue  # the kernel has let the inode go: a read will ask for it
-            log.warning("the kernel refused contents for inode %d: %s", inode, e)
-            return taken, True
-        taken.append(inode)
-    return taken, False
+            errors.append(e.errno or errno.EIO)
+            if e.errno != errno.ENOENT:
+                break
+        else:
+            errors.append(0)
+    return errors
+
+
+# Our build of pyfuse3 stores many contents with one release of the interpreter
+# lock. Stored one call at a time, the hand-over thread took the lock back after
+# every file, and waited for it while the main thread answered requests.
+_store: Callable[[Sequence[tuple[int, bytes]]], list[int]] = getattr(
+    pyfuse3, "notify_store_many", _store_each
+)
 
 
 async def invalidate(changes: Changes) -> None:

@@ -416,12 +416,14 @@ def test_a_mount_whose_daemon_was_killed_is_cleared_by_the_next_mount(docs, tmp_
 def test_the_installed_pyfuse3_is_the_patched_build():
     # scripts/setup installs the build of scripts/build-pyfuse3; with stock pyfuse3
     # the mount still works, but a warm `grep -r` makes two requests per file and
-    # lists every directory again, and every request waits on the event loop.
+    # lists every directory again, every request waits on the event loop, and the
+    # preload takes the interpreter lock back after each file it hands the kernel.
     import pyfuse3
 
     assert getattr(pyfuse3, "READ_GETS_INODE_WITHOUT_OPEN", False)
     assert getattr(pyfuse3, "OPENDIR_TAKES_FILEINFO", False)
     assert getattr(pyfuse3, "TAKES_WAITING_REQUESTS", False)
+    assert getattr(pyfuse3, "STORES_MANY", False)
 
 
 def test_a_lone_read_reads_ahead_nothing_and_a_traversal_reads_ahead(docs, fixture_src, tmp_path):
