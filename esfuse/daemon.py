@@ -282,9 +282,11 @@ async def serve(
             content = ContentCache(loader, pointer.chunk_size, options.cache_bytes)
             sessions, served = Sessions(), Served(tree)
             grep = GrepService(tree, store, content, sessions, served, nursery)
-            ops = Operations(tree, content, nursery, sessions, served)
             preload = (
                 Preload(content, nursery, options.mountpoint, served) if options.preload else None
+            )
+            ops = Operations(
+                tree, content, nursery, sessions, served, *([preload.listed] if preload else [])
             )
             users: list[TreeUser] = [ops, grep, served, *([preload] if preload else [])]
 

@@ -93,6 +93,7 @@ class Operations(pyfuse3.Operations):
         nursery: trio.Nursery,
         sessions: Sessions,
         served: Served,
+        listed: Callable[[int], None] = lambda directory: None,
     ) -> None:
         super().__init__()
         self.tree = tree
@@ -103,6 +104,7 @@ class Operations(pyfuse3.Operations):
         self.nursery = nursery
         self.sessions = sessions
         self.served = served
+        self.listed = listed  # told each directory the kernel has read to its end
         self.uid = os.getuid()
         self.gid = os.getgid()
         self._misses_in_dir: dict[int, int] = {}
@@ -190,7 +192,12 @@ class Operations(pyfuse3.Operations):
 
     @boundary
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        inode, listing = self._narrowed.get(fh) or (fh, self.tree.listing(fh))
+        narrowed = self._narrowed.get(fh)
+        inode, listing = narrowed or (fh, self.tree.listing(fh))
+        if start_id >= len(listing) + 2 and narrowed is None:
+            # Asked past the end: the kernel has taken in every earlier answer, and
+            # made an inode for each entry, to which contents can now be handed.
+            self.listed(inode)
         # `.` and `..` first (ids 1 and 2), as on a disk file system; `ls -a` shows them.
         for next_id in range(start_id + 1, len(listing) + 3):
             if next_id <= 2:
