@@ -5,25 +5,22 @@ in the background after mount, and after each refresh (the cache keeps what is
 unchanged, so only what is new is loaded). In our cache, a first `grep -r` still
 costs one READ round trip per file, about 45 µs: over tldr (38,405 files) even
 the RAM floor took 1.6-1.9 s, seven times a warm run. So each loaded batch also
-goes to the kernel's page cache with notify_store (about 20 µs a file, from a
-thread), where reads find it without asking us. Done 2.0-2.6 s after mount on
-tldr, a first `grep -r` then took 0.20-0.25 s, as a warm one, with no read
-reaching the daemon.
-
-A `grep -r` started right at mount does not gain: the hand-over thread waits for
-the interpreter lock while the daemon answers grep's reads, and a read is all
-it spares. Even the RAM floor, listing and handing over from its first moment,
-took 1.2-1.6 s so, and grep still asked for every file.
+goes to the kernel's page cache with notify_store (a few µs a file, from a
+thread that takes the interpreter lock once per 64 files), where reads find it
+without asking us. Done 2.0-2.6 s after mount on tldr, a first `grep -r` then
+took 0.20-0.25 s, as a warm one, with no read reaching the daemon.
 
 The kernel takes pages only for inodes it knows, and learns of inodes only from
-lookups and listings (FUSE has no notification that adds one). So a thread first
-lists every directory through the mount; the kernel keeps those listings too.
-The kernel keeps each file in whole pages, so it is handed the contents only
+lookups and listings (FUSE has no notification that adds one). So find(1) lists
+every directory through the mount, and each directory is handed over once the
+kernel has read it to its end, by find or by anyone else: a `grep -r` started
+right at mount finds the files of the directory it lists being handed over as
+it reads them, as fast as the contents arrive. The kernel keeps each file in whole pages, so it is handed the contents only
 when those pages fit in the cache budget too: a million files of 100 bytes fit
 half of a 256 MB cache, and would take 4 GB of page cache.
 
-The hand-over follows the tree in traversal order, one step behind the preload,
-and takes whatever the cache holds: also what reads and esgrep fetched first,
+The hand-over follows the tree in traversal order, behind the preload and the
+listing, and takes whatever the cache holds: also what reads and esgrep fetched first,
 and what a refresh finds cached already under a new inode. A failure here is
 logged and ends the hand-over, never the mount.
 """
