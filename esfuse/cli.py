@@ -24,7 +24,7 @@ from esfuse import daemon, ingest, protocol, sandbox, store
 from esfuse.access import EVERYTHING, Rules, Viewer
 from esfuse.config import default_map
 from esfuse.errors import EsfuseError
-from esfuse.treecache import default_directory
+from esfuse.treecache import local_directory
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +261,13 @@ def _viewer(groups: str | None, everything: bool) -> Viewer:
     help="Keep decoded trees on local disk, so a later mount skips fetching them.",
 )
 @click.option(
+    "--keep-contents/--no-keep-contents",
+    default=True,
+    show_default=True,
+    help="Keep preloaded contents on local disk, so a later mount's preload reads them "
+    "from there first.",
+)
+@click.option(
     "--preload/--no-preload",
     default=True,
     show_default=True,
@@ -292,6 +299,7 @@ def mount_command(
     refresh: float,
     cache_size: int,
     tree_cache: bool,
+    keep_contents: bool,
     preload: bool,
     allow_other: bool,
     debug_fuse: bool,
@@ -305,7 +313,8 @@ def mount_command(
         viewer=_viewer(groups, everything),
         cache_bytes=cache_size,
         preload=preload,
-        tree_cache=default_directory() if tree_cache else None,
+        tree_cache=local_directory("trees") if tree_cache else None,
+        packs=local_directory("packs") if keep_contents else None,
         refresh=refresh,
         allow_other=allow_other,
         debug_fuse=debug_fuse,
@@ -359,7 +368,11 @@ def status_command(mountpoint: Path, as_json: bool) -> None:
             "cache",
             f"{answer['cache_bytes'] / 1e6:.1f} MB, hit rate {rate} ({hits} hits, {misses} misses)",
         ),
-        ("preload", f"{answer['preload']}, {answer['handed_to_kernel']} files in the kernel"),
+        (
+            "preload",
+            f"{answer['preload']}, {answer['handed_to_kernel']} files in the kernel, "
+            f"{answer['from_local_disk']} contents from local disk",
+        ),
         ("requests", requests),
         ("latency", latency),
         ("memory", f"{answer['rss_bytes'] / 1e6:.0f} MB resident (pid {answer['pid']})"),

@@ -38,6 +38,7 @@ from esfuse.external import Fetcher, split_loader
 from esfuse.fs import Operations, invalidate
 from esfuse.grep.service import GrepService, Served, Sessions
 from esfuse.mountinfo import FSTYPE, fstype_at
+from esfuse.pack import Keeper, Packs
 from esfuse.preload import Preload
 from esfuse.refresh import Refresher, TreeUser
 from esfuse.server import ControlServer, Peer, bind
@@ -61,6 +62,7 @@ class MountOptions:
     cache_bytes: int = 256 << 20
     preload: bool = True
     tree_cache: Path | None = None
+    packs: Path | None = None  # where preloaded contents are kept; None: not kept
     refresh: float = 10.0
     allow_other: bool = False
     debug_fuse: bool = False
@@ -279,11 +281,17 @@ async def serve(
             trio.open_nursery() as nursery,
         ):
             loader = split_loader(store.fetch_chunks, fetcher, pointer.chunk_size)
+            keeper = None
+            if options.packs and options.preload:
+                keeper = Keeper(Packs(options.packs), options.index, pointer.chunk_size)
+                loader = keeper.loader(loader)
             content = ContentCache(loader, pointer.chunk_size, options.cache_bytes)
             sessions, served = Sessions(), Served(tree)
             grep = GrepService(tree, store, content, sessions, served, nursery)
             preload = (
-                Preload(content, nursery, options.mountpoint, served) if options.preload else None
+                Preload(content, nursery, options.mountpoint, served, keeper)
+                if options.preload
+                else None
             )
             ops = Operations(
                 tree, content, nursery, sessions, served, *([preload.listed] if preload else [])
@@ -390,6 +398,7 @@ def status(
         "cache_misses": content.chunks.misses,
         "preload": preload.state if preload else "off",
         "handed_to_kernel": preload.pushed if preload else 0,
+        "from_local_disk": preload.keeper.hits if preload and preload.keeper else 0,
     }
 
 

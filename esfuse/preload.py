@@ -15,9 +15,10 @@ lookups and listings (FUSE has no notification that adds one). So find(1) lists
 every directory through the mount, and each directory is handed over once the
 kernel has read it to its end, by find or by anyone else: a `grep -r` started
 right at mount finds the files of the directory it lists being handed over as
-it reads them, as fast as the contents arrive. The kernel keeps each file in whole pages, so it is handed the contents only
-when those pages fit in the cache budget too: a million files of 100 bytes fit
-half of a 256 MB cache, and would take 4 GB of page cache.
+it reads them, as fast as the contents arrive. The kernel keeps each file in
+whole pages, so it is handed the contents only when those pages fit in the cache
+budget too: a million files of 100 bytes fit half of a 256 MB cache, and would
+take 4 GB of page cache.
 
 The hand-over follows the tree in traversal order, behind the preload and the
 listing, and takes whatever the cache holds: also what reads and esgrep fetched first,
@@ -38,6 +39,7 @@ import trio
 from esfuse.cache import ContentCache
 from esfuse.fs import hand_to_kernel
 from esfuse.grep.service import Served
+from esfuse.pack import Keeper
 from esfuse.tree import Tree
 
 log = logging.getLogger(__name__)
@@ -69,9 +71,15 @@ class Preload:
     """Loads every content of each new tree into the cache and the kernel, when all fit."""
 
     def __init__(
-        self, content: ContentCache, nursery: trio.Nursery, mountpoint: Path, served: Served
+        self,
+        content: ContentCache,
+        nursery: trio.Nursery,
+        mountpoint: Path,
+        served: Served,
+        keeper: Keeper | None = None,
     ) -> None:
         self.content = content
+        self.keeper = keeper
         self.nursery = nursery
         self.mountpoint = mountpoint
         self.served = served
@@ -142,13 +150,21 @@ class Preload:
                 else:
                     log.info("%d pages exceed the cache: not handing them to the kernel", pages)
                 try:
+                    if self.keeper:
+                        await self.keeper.open()
                     await self.content.preload(tree.contents(), progress.step)
                 finally:
                     progress.finish()
         except Exception:
             log.exception("preloading tree %d failed", number)  # the mount serves on
-        if number == self._trees:
-            self.state = "done"
+        if number != self._trees:
+            return
+        self.state = "done"
+        if self.keeper and not self._stopping:
+            try:
+                await self.keeper.keep(tree, self.content)
+            except Exception:
+                log.exception("keeping the contents of tree %d failed", number)
 
     def _current(self, number: int) -> bool:
         return number == self._trees != self._refused and not self._stopping

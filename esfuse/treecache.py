@@ -24,14 +24,15 @@ log = logging.getLogger(__name__)
 TAG = f"esfuse-tree-cache-1-format-{FORMAT}"
 
 
-def default_directory() -> Path:
+def local_directory(kind: str) -> Path:
+    """Where a mount keeps `kind` ("trees", "packs") on local disk."""
     configured = os.environ.get("ESFUSE_CACHE_DIR")
     if configured:
-        return Path(configured) / "trees"
+        return Path(configured) / kind
     if os.geteuid() == 0:
-        return Path("/var/cache/esfuse/trees")
+        return Path("/var/cache/esfuse") / kind
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "esfuse" / "trees"
+    return Path(base) / "esfuse" / kind
 
 
 class TreeCache:

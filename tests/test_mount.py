@@ -16,6 +16,7 @@ import pytest
 
 from esfuse import mountinfo, protocol
 from esfuse.daemon import alive, force_unmount, read_record, record_path
+from esfuse.store import CHUNK_SIZE
 from tests.conftest import (
     ESFUSE,
     Docs,
@@ -388,7 +389,11 @@ def test_status_reports_the_tree_cache_and_requests(mounted, docs):
     assert human.returncode == 0 and f"index               {docs.name}" in human.stdout
     assert "hit rate" in human.stdout
     assert answer["preload"] in ("loading", "done")  # the fixture fits the cache
-    assert re.search(r"^preload +(loading|done), \d+ files in the kernel$", human.stdout, re.M)
+    assert re.search(
+        r"^preload +(loading|done), \d+ files in the kernel, \d+ contents from local disk$",
+        human.stdout,
+        re.M,
+    )
     one_line_error(esfuse("status", mounted.parent), "no esfuse daemon answers")
 
 
@@ -454,7 +459,7 @@ def test_a_lone_read_reads_ahead_nothing_and_a_traversal_reads_ahead(docs, fixtu
 def test_preload_fetches_in_bulk_and_hands_everything_to_the_kernel(docs, fixture_src, tmp_path):
     files = [p for p in fixture_src.rglob("*") if p.is_file()]
     by_digest = {hashlib.sha256(p.read_bytes()).hexdigest(): p.stat().st_size for p in files}
-    mountpoint = mount_or_fail(docs, tmp_path / "m")
+    mountpoint = mount_or_fail(docs, tmp_path / "m", "--no-keep-contents")
     try:
         preloaded = wait_preloaded(mountpoint)
         assert preloaded["cache_bytes"] == sum(by_digest.values())
@@ -467,6 +472,47 @@ def test_preload_fetches_in_bulk_and_hands_everything_to_the_kernel(docs, fixtur
             assert after[key] == preloaded[key], key
     finally:
         unmount(mountpoint)
+
+
+def test_a_later_mount_preloads_what_an_earlier_one_kept(docs, fixture_src, tmp_path, monkeypatch):
+    monkeypatch.setenv("ESFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    packs = tmp_path / "cache" / "packs"
+    files = [p for p in fixture_src.rglob("*") if p.is_file()]
+    sizes = {hashlib.sha256(p.read_bytes()).digest(): p.stat().st_size for p in files}
+    one_chunk = sum(1 for size in sizes.values() if 0 < size <= CHUNK_SIZE)
+    assert one_chunk < len(sizes) - 1  # the fixture has large and empty files too
+
+    def preload(then=lambda: None) -> dict:
+        mountpoint = mount_or_fail(docs, tmp_path / "m")
+        try:
+            preloaded = wait_preloaded(mountpoint)
+            then()
+            assert run("diff", "-r", fixture_src, mountpoint).returncode == 0
+            return preloaded
+        finally:
+            unmount(mountpoint)
+
+    def kept() -> None:
+        deadline = time.monotonic() + 30
+        while not list(packs.glob("*.pack")):
+            assert time.monotonic() < deadline, "no pack was written"
+            time.sleep(0.1)
+
+    first = preload(then=kept)
+    assert first["from_local_disk"] == 0
+    second = preload()
+    # Every content of one chunk came from local disk; only the large ones from
+    # Elasticsearch, in fewer requests.
+    assert second["from_local_disk"] == one_chunk
+    assert 0 < second["requests"]["content"] < first["requests"]["content"]
+    assert second["cache_bytes"] == first["cache_bytes"]
+    # A damaged pack costs fetches, never wrong bytes (diff -r above).
+    (pack,) = packs.glob("*.pack")
+    data = bytearray(pack.read_bytes())
+    data[-1] ^= 0xFF
+    pack.write_bytes(bytes(data))
+    third = preload()
+    assert third["from_local_disk"] == one_chunk - 1
 
 
 def test_the_kernel_is_handed_contents_only_if_their_pages_fit_the_cache(docs, tmp_path):

@@ -1,0 +1,110 @@
+"""Pure units: packs of contents on local disk, and reading through them first."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+import pytest
+import trio
+
+from esfuse.pack import TAG, Keeper, Packs
+from tests.test_cache import Loader
+
+CONTENTS = [b"alpha\n", b"", "ünïcode ✓\n".encode(), bytes(range(256)) * 20]
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def packs(tmp_path: Path) -> Packs:
+    packs = Packs(tmp_path / "packs")
+    packs.write("docs", [(digest(c), c) for c in CONTENTS])
+    return packs
+
+
+def pack_file(packs: Packs) -> Path:
+    (path,) = packs.directory.iterdir()
+    return path
+
+
+def test_a_pack_gives_back_what_was_written(packs):
+    pack = packs.open("docs")
+    assert pack is not None and len(pack) == len(CONTENTS)
+    try:
+        for content in CONTENTS:
+            assert pack.get(digest(content)) == content
+        assert pack.get(digest(b"never written")) is None
+    finally:
+        pack.close()
+    assert packs.open("other") is None
+    assert pack_file(packs).parent.stat().st_mode & 0o077 == 0  # only its owner reads it
+
+
+def test_a_damaged_content_is_refused_and_the_rest_still_served(packs, caplog):
+    path = pack_file(packs)
+    data = bytearray(path.read_bytes())
+    at = data.index(b"alpha\n")
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    pack = packs.open("docs")
+    assert pack is not None
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert pack.get(digest(b"alpha\n")) is None
+        assert "damaged" in caplog.text
+        assert pack.get(digest(CONTENTS[3])) == CONTENTS[3]
+    finally:
+        pack.close()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda data: b"not a pack at all",
+        lambda data: data[: len(TAG) + 3],  # cut inside the count
+        lambda data: data[:-1],  # one byte short of its index
+        lambda data: data + b"x",  # one byte past it
+        lambda data: b"esfuse-pack-0\n" + data[len(TAG) :],  # another layout
+    ],
+    ids=["garbage", "cut-count", "short", "long", "old-tag"],
+)
+def test_an_unreadable_pack_is_no_pack(packs, damage, caplog):
+    path = pack_file(packs)
+    path.write_bytes(damage(path.read_bytes()))
+    with caplog.at_level(logging.WARNING):
+        assert packs.open("docs") is None
+    assert "ignoring the pack" in caplog.text
+
+
+def test_a_pack_that_cannot_be_written_is_a_warning(tmp_path, caplog):
+    (tmp_path / "file").write_text("")
+    with caplog.at_level(logging.WARNING):
+        Packs(tmp_path / "file" / "packs").write("docs", [(digest(b"a"), b"a")])
+    assert "cannot keep the contents" in caplog.text
+
+
+def test_the_loader_asks_the_backend_only_for_what_the_pack_lacks(packs):
+    kept, missing, second_chunk = digest(CONTENTS[0]), digest(b"missing"), (digest(CONTENTS[3]), 1)
+    backend = Loader({(missing, 0): b"missing", second_chunk: b"tail"})
+    keeper = Keeper(packs, "docs", chunk_size=1 << 20)
+    load = keeper.loader(backend)
+
+    async def main() -> tuple[dict, dict]:
+        before = await load([(kept, 0)])  # no pack open yet: all from the backend
+        await keeper.open()
+        try:
+            return before, await load([(kept, 0), (missing, 0), second_chunk])
+        finally:
+            keeper.close()
+
+    backend.chunks[(kept, 0)] = b"alpha\n"
+    before, after = trio.run(main)
+    assert before == {(kept, 0): b"alpha\n"}
+    assert after == {(kept, 0): b"alpha\n", (missing, 0): b"missing", second_chunk: b"tail"}
+    # Only one-chunk contents come from the pack: a later chunk goes to the backend.
+    assert backend.calls == [[(kept, 0)], [(missing, 0), second_chunk]]
+    assert keeper.hits == 1
