@@ -130,8 +130,10 @@ def check_mountpoint(path: Path) -> Path:
 def _dead(mountpoint: Path) -> bool:
     """A FUSE mount whose daemon is gone answers "Transport endpoint is not connected"
     (or, the first time after the daemon's death, "Software caused connection abort")."""
+    # statvfs, not stat: the kernel answers stat from the attributes it keeps, even
+    # with no daemon behind them, but asks the daemon for every statfs.
     try:
-        os.stat(mountpoint)
+        os.statvfs(mountpoint)
     except OSError as e:
         return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
     return False
