@@ -167,11 +167,22 @@ class ChunkCache:
 
 
 class ContentCache:
-    """Byte ranges of files, assembled from cached chunks of `chunk_size` bytes."""
+    """Byte ranges of files, assembled from cached chunks of `chunk_size` bytes.
 
-    def __init__(self, loader: Loader, chunk_size: int, max_bytes: int) -> None:
+    `local(digest, size)` tells which contents the loader has on local disk:
+    those cost no request, so they are not worth fetching ahead of their reads.
+    """
+
+    def __init__(
+        self,
+        loader: Loader,
+        chunk_size: int,
+        max_bytes: int,
+        local: Callable[[str, int], bool] = lambda digest, size: False,
+    ) -> None:
         self.chunk_size = chunk_size
         self.chunks = ChunkCache(loader, max_bytes)
+        self.local = local
 
     def holds(self, digest: str, offset: int) -> bool:
         """Whether the chunk at `offset` is cached or on its way."""
@@ -231,7 +242,11 @@ class ContentCache:
         """
         # What is cached or on its way is left out before batching, which would cost
         # more: an unselective esgrep over a preloaded tldr prefetches 38,405 files.
-        wanted = [(d, size) for d, size in files if not self.chunks.holds((d, 0))]
+        wanted = [
+            (d, size)
+            for d, size in files
+            if not self.chunks.holds((d, 0)) and not self.local(d, size)
+        ]
         reserved = [self.chunks.reserve(batch) for batch in self._batches(wanted)]
         claims = [mine.copy for mine in reserved if mine]  # already claimed: hand them over
         if claims:

@@ -371,7 +371,7 @@ def status_command(mountpoint: Path, as_json: bool) -> None:
         (
             "preload",
             f"{answer['preload']}, {answer['handed_to_kernel']} files in the kernel, "
-            f"{answer['from_local_disk']} contents from local disk",
+            f"{answer['from_local_disk']} of them from local disk",
         ),
         ("requests", requests),
         ("latency", latency),

@@ -287,7 +287,9 @@ async def serve(
             if options.packs and options.preload:
                 keeper = Keeper(Packs(options.packs), options.index, pointer.chunk_size)
                 loader = keeper.loader(loader)
-            content = ContentCache(loader, pointer.chunk_size, options.cache_bytes)
+            content = ContentCache(
+                loader, pointer.chunk_size, options.cache_bytes, *([keeper.holds] if keeper else [])
+            )
             sessions, served = Sessions(), Served(tree)
             grep = GrepService(tree, store, content, sessions, served, nursery)
             preload = (
@@ -400,7 +402,7 @@ def status(
         "cache_misses": content.chunks.misses,
         "preload": preload.state if preload else "off",
         "handed_to_kernel": preload.pushed if preload else 0,
-        "from_local_disk": preload.keeper.hits if preload and preload.keeper else 0,
+        "from_local_disk": preload.from_pack if preload else 0,
     }
 
 

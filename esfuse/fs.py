@@ -318,8 +318,13 @@ def _directory_handle(fh: int, cached: bool) -> Any:
     return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(fh), keep_cache=True, cache_readdir=cached)
 
 
+# A whole content for the kernel: (inode, data), or (inode, fd, offset, size) for
+# size bytes at offset of the file descriptor fd.
+Stored = tuple[int, bytes] | tuple[int, int, int, int]
+
+
 def hand_to_kernel(
-    contents: Sequence[tuple[int, bytes]], stopping: Callable[[], bool]
+    contents: Sequence[Stored], stopping: Callable[[], bool]
 ) -> tuple[list[int], bool]:
     """Store whole contents in the kernel's page cache: the inodes it took, and
     whether it refused any for a reason other than not knowing the inode.
@@ -333,7 +338,8 @@ def hand_to_kernel(
         if stopping():
             break
         step = contents[start : start + STORE_STEP]
-        for (inode, _), error in zip(step, _store(step), strict=False):  # _store stops at a refusal
+        for stored, error in zip(step, _store(step), strict=False):  # _store stops at a refusal
+            inode = stored[0]
             if not error:
                 taken.append(inode)
             elif error != errno.ENOENT:  # ENOENT: the kernel let it go; a read will ask
@@ -344,12 +350,13 @@ def hand_to_kernel(
     return taken, False
 
 
-def _store_each(contents: Sequence[tuple[int, bytes]]) -> list[int]:
+def _store_each(contents: Sequence[Stored]) -> list[int]:
     """`notify_store_many` for stock pyfuse3: one call, and one release of the
     interpreter lock, per file."""
     errors = []
-    for inode, data in contents:
+    for inode, *source in contents:
         try:
+            data = source[0] if len(source) == 1 else os.pread(source[0], source[2], source[1])
             pyfuse3.notify_store(pyfuse3.InodeT(inode), 0, data)
         except OSError as e:
             errors.append(e.errno or errno.EIO)
@@ -363,9 +370,7 @@ def _store_each(contents: Sequence[tuple[int, bytes]]) -> list[int]:
 # Our build of pyfuse3 stores many contents with one release of the interpreter
 # lock. Stored one call at a time, the hand-over thread took the lock back after
 # every file, and waited for it while the main thread answered requests.
-_store: Callable[[Sequence[tuple[int, bytes]]], list[int]] = getattr(
-    pyfuse3, "notify_store_many", _store_each
-)
+_store: Callable[[Sequence[Stored]], list[int]] = getattr(pyfuse3, "notify_store_many", _store_each)
 
 
 async def invalidate(changes: Changes) -> None:

@@ -37,7 +37,7 @@ from pathlib import Path
 import trio
 
 from esfuse.cache import ContentCache
-from esfuse.fs import hand_to_kernel
+from esfuse.fs import Stored, hand_to_kernel
 from esfuse.grep.service import Served
 from esfuse.pack import Keeper
 from esfuse.tree import Tree
@@ -85,6 +85,7 @@ class Preload:
         self.served = served
         self.state = "loading"  # then "done", or "too large" for the cache
         self.pushed = 0  # files handed to the kernel since mount
+        self.from_pack = 0  # of which from the pack on local disk
         # A byte per inode the kernel holds (handed over, or read). Kept across
         # refreshes: an inode's content never changes, and a new tree numbers what
         # changed anew.
@@ -143,39 +144,57 @@ class Preload:
     async def _run(self, tree: Tree, number: int) -> None:
         progress = _Progress()
         pages = tree.pages(mmap.PAGESIZE)
+        fetched = self.keeper.fetched if self.keeper else 0
         try:
             async with trio.open_nursery() as nursery:
+                opened = trio.Event()  # the pack: the listing need not wait for it
                 if pages * mmap.PAGESIZE <= self.content.chunks.max_bytes:
-                    nursery.start_soon(self._hand_over, tree, number, progress)
+                    nursery.start_soon(self._hand_over, tree, number, progress, opened)
                 else:
                     log.info("%d pages exceed the cache: not handing them to the kernel", pages)
                 try:
                     if self.keeper:
                         await self.keeper.open()
-                    await self.content.preload(tree.contents(), progress.step)
+                    opened.set()
+                    # What the pack holds goes to the kernel from there, and to a
+                    # read from there too: our cache need not hold it.
+                    unpacked = (f for f in tree.contents() if self._from_pack(*f) is None)
+                    await self.content.preload(unpacked, progress.step)
                 finally:
+                    opened.set()
                     progress.finish()
         except Exception:
             log.exception("preloading tree %d failed", number)  # the mount serves on
         if number != self._trees:
             return
         self.state = "done"
-        if self.keeper and not self._stopping:
+        # A pack that held every content the preload wanted is left as it is.
+        if (
+            self.keeper
+            and not self._stopping
+            and (self.keeper.pack is None or self.keeper.fetched > fetched)
+        ):
             try:
                 await self.keeper.keep(tree, self.content)
             except Exception:
                 log.exception("keeping the contents of tree %d failed", number)
 
+    def _from_pack(self, digest: str, size: int) -> tuple[int, int, int] | None:
+        return self.keeper.where(digest, size) if self.keeper else None
+
     def _current(self, number: int) -> bool:
         return number == self._trees != self._refused and not self._stopping
 
-    async def _hand_over(self, tree: Tree, number: int, progress: _Progress) -> None:
+    async def _hand_over(
+        self, tree: Tree, number: int, progress: _Progress, opened: trio.Event
+    ) -> None:
         # Its own boundary: a failure here must not cancel the preload, whose
         # readers would then fail too.
         try:
             async with trio.open_nursery() as nursery:
                 listing = self._listing = _Progress()
                 nursery.start_soon(self._list_all, listing)
+                await opened.wait()
                 handed = await self._hand_over_listed(tree, number, progress, listing)
                 nursery.cancel_scope.cancel()  # stopped before the listing ended
             log.info("handed %d files of tree %d to the kernel", handed, number)
@@ -186,7 +205,7 @@ class Preload:
         self, tree: Tree, number: int, progress: _Progress, listing: _Progress
     ) -> int:
         handed = 0
-        batch: list[tuple[int, bytes]] = []
+        batch: list[Stored] = []
         for n, inode in enumerate(tree.file_inodes(), 1):
             if not self._current(number):
                 return handed
@@ -204,19 +223,27 @@ class Preload:
             while self._current(number) and not (listing.finished or self._listed[parent]):
                 handed += await self._hand(batch, number)  # what is ready, meanwhile
                 await listing.wait()
-            while (data := self.content.cached(digest, size, 0, size, count=False)) is None:
-                if progress.finished or digest in tree.externals:
-                    break  # the preload could not load it: a read will ask for it
+            packed = self._from_pack(digest, size)
+            data = None if packed else self.content.cached(digest, size, 0, size, count=False)
+            # Not cached yet: wait for the preload, unless it could not load it (a
+            # read will ask for it then).
+            while (
+                packed is None
+                and data is None
+                and not (progress.finished or digest in tree.externals)
+            ):
                 handed += await self._hand(batch, number)  # what is ready, meanwhile
-                if not progress.finished:
-                    await progress.wait()
-            if data is not None:
+                await progress.wait()
+                data = self.content.cached(digest, size, 0, size, count=False)
+            if packed is not None:
+                batch.append((inode, *packed))
+            elif data is not None:
                 batch.append((inode, data))
             if len(batch) >= HAND_OVER_BATCH:
                 handed += await self._hand(batch, number)
         return handed + await self._hand(batch, number)
 
-    async def _hand(self, batch: list[tuple[int, bytes]], number: int) -> int:
+    async def _hand(self, batch: list[Stored], number: int) -> int:
         """Hand `batch` over and empty it; how many files the kernel took."""
         if not batch or not self._current(number):
             batch.clear()
@@ -225,11 +252,13 @@ class Preload:
             taken, refused = await trio.to_thread.run_sync(
                 hand_to_kernel, list(batch), lambda: self._stopping
             )
+        packed = {stored[0] for stored in batch if len(stored) == 4}
         batch.clear()
         for inode in taken:
             self._held[inode] = 1
             self.served.mark(inode)
         self.pushed += len(taken)
+        self.from_pack += sum(1 for inode in taken if inode in packed)
         if refused:
             self._refused = number
         return len(taken)

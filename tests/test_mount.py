@@ -391,7 +391,7 @@ def test_status_reports_the_tree_cache_and_requests(mounted, docs):
     assert "hit rate" in human.stdout
     assert answer["preload"] in ("loading", "done")  # the fixture fits the cache
     assert re.search(
-        r"^preload +(loading|done), \d+ files in the kernel, \d+ contents from local disk$",
+        r"^preload +(loading|done), \d+ files in the kernel, \d+ of them from local disk$",
         human.stdout,
         re.M,
     )
@@ -479,9 +479,10 @@ def test_a_later_mount_preloads_what_an_earlier_one_kept(docs, fixture_src, tmp_
     monkeypatch.setenv("ESFUSE_CACHE_DIR", str(tmp_path / "cache"))
     packs = tmp_path / "cache" / "packs"
     files = [p for p in fixture_src.rglob("*") if p.is_file()]
+    one_chunk = sum(1 for p in files if 0 < p.stat().st_size <= CHUNK_SIZE)
+    assert one_chunk < len(files) - 1  # the fixture has large and empty files too
     sizes = {hashlib.sha256(p.read_bytes()).digest(): p.stat().st_size for p in files}
-    one_chunk = sum(1 for size in sizes.values() if 0 < size <= CHUNK_SIZE)
-    assert one_chunk < len(sizes) - 1  # the fixture has large and empty files too
+    large = sum(size for size in sizes.values() if size > CHUNK_SIZE)
 
     def preload(then=lambda: None) -> dict:
         mountpoint = mount_or_fail(docs, tmp_path / "m")
@@ -489,6 +490,8 @@ def test_a_later_mount_preloads_what_an_earlier_one_kept(docs, fixture_src, tmp_
             preloaded = wait_preloaded(mountpoint)
             then()
             assert run("diff", "-r", fixture_src, mountpoint).returncode == 0
+            # Every byte from the kernel's page cache: no read reached the daemon.
+            assert status(mountpoint)["cache_misses"] == preloaded["cache_misses"]
             return preloaded
         finally:
             unmount(mountpoint)
@@ -502,23 +505,26 @@ def test_a_later_mount_preloads_what_an_earlier_one_kept(docs, fixture_src, tmp_
     first = preload(then=kept)
     assert first["from_local_disk"] == 0
     second = preload()
-    # Every content of one chunk came from local disk; only the large ones from
-    # Elasticsearch, in fewer requests.
+    # Every file of one chunk went from local disk to the kernel, without passing
+    # through our cache; only the large ones came from Elasticsearch.
     assert second["from_local_disk"] == one_chunk
+    assert second["handed_to_kernel"] == first["handed_to_kernel"]
     assert 0 < second["requests"]["content"] < first["requests"]["content"]
-    assert second["cache_bytes"] == first["cache_bytes"]
-    # A damaged pack costs fetches, never wrong bytes (diff -r above).
+    assert second["cache_bytes"] == large < first["cache_bytes"]
+    # A damaged pack is no pack: it costs fetches, never wrong bytes (diff -r above).
     (pack,) = packs.glob("*.pack")
     data = bytearray(pack.read_bytes())
     data[-1] ^= 0xFF
     pack.write_bytes(bytes(data))
     third = preload()
-    assert third["from_local_disk"] == one_chunk - 1
+    assert third["from_local_disk"] == 0
+    assert third["requests"]["content"] == first["requests"]["content"]
 
 
 def test_the_kernel_is_handed_contents_only_if_their_pages_fit_the_cache(docs, tmp_path):
     # The fixture's 5.3 MB of contents fit half of 16 MB; in whole pages they are 25 MB.
-    mountpoint = mount_or_fail(docs, tmp_path / "m", "--cache-size", "16M")
+    # (Kept on local disk, they would be read from there and not cached.)
+    mountpoint = mount_or_fail(docs, tmp_path / "m", "--cache-size", "16M", "--no-keep-contents")
     try:
         answer = wait_preloaded(mountpoint)
         assert answer["handed_to_kernel"] == 0

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from esfuse.pack import TAG, Keeper, Packs
 from tests.test_cache import Loader
@@ -44,23 +46,6 @@ def test_a_pack_gives_back_what_was_written(packs):
     assert pack_file(packs).parent.stat().st_mode & 0o077 == 0  # only its owner reads it
 
 
-def test_a_damaged_content_is_refused_and_the_rest_still_served(packs, caplog):
-    path = pack_file(packs)
-    data = bytearray(path.read_bytes())
-    at = data.index(b"alpha\n")
-    data[at] ^= 0xFF
-    path.write_bytes(bytes(data))
-    pack = packs.open("docs")
-    assert pack is not None
-    try:
-        with caplog.at_level(logging.WARNING):
-            assert pack.get(digest(b"alpha\n")) is None
-        assert "damaged" in caplog.text
-        assert pack.get(digest(CONTENTS[3])) == CONTENTS[3]
-    finally:
-        pack.close()
-
-
 @pytest.mark.parametrize(
     "damage",
     [
@@ -69,8 +54,10 @@ def test_a_damaged_content_is_refused_and_the_rest_still_served(packs, caplog):
         lambda data: data[:-1],  # one byte short of its index
         lambda data: data + b"x",  # one byte past it
         lambda data: b"esfuse-pack-0\n" + data[len(TAG) :],  # another layout
+        lambda data: data.replace(b"alpha\n", b"alpHa\n"),  # one content damaged
+        lambda data: data[:-40] + bytes(40),  # the index intact, the end zeroed
     ],
-    ids=["garbage", "cut-count", "short", "long", "old-tag"],
+    ids=["garbage", "cut-count", "short", "long", "old-tag", "content", "zeroed"],
 )
 def test_an_unreadable_pack_is_no_pack(packs, damage, caplog):
     path = pack_file(packs)
@@ -78,6 +65,17 @@ def test_an_unreadable_pack_is_no_pack(packs, damage, caplog):
     with caplog.at_level(logging.WARNING):
         assert packs.open("docs") is None
     assert "ignoring the pack" in caplog.text
+
+
+def test_where_gives_the_bytes_of_one_chunk_contents_only(packs):
+    keeper = Keeper(packs, "docs", chunk_size=len(CONTENTS[3]) - 1)
+    trio.run(keeper.open)
+    assert keeper.pack is not None
+    fd, offset, size = keeper.where(digest(b"alpha\n"), 6)
+    assert os.pread(fd, size, offset) == b"alpha\n"
+    assert keeper.where(digest(CONTENTS[3]), len(CONTENTS[3])) is None  # two chunks here
+    assert keeper.where(digest(b""), 0) is None
+    assert keeper.where(digest(b"never written"), 13) is None
 
 
 def test_a_pack_that_cannot_be_written_is_a_warning(tmp_path, caplog):
@@ -96,10 +94,7 @@ def test_the_loader_asks_the_backend_only_for_what_the_pack_lacks(packs):
     async def main() -> tuple[dict, dict]:
         before = await load([(kept, 0)])  # no pack open yet: all from the backend
         await keeper.open()
-        try:
-            return before, await load([(kept, 0), (missing, 0), second_chunk])
-        finally:
-            keeper.close()
+        return before, await load([(kept, 0), (missing, 0), second_chunk])
 
     backend.chunks[(kept, 0)] = b"alpha\n"
     before, after = trio.run(main)
@@ -107,4 +102,19 @@ def test_the_loader_asks_the_backend_only_for_what_the_pack_lacks(packs):
     assert after == {(kept, 0): b"alpha\n", (missing, 0): b"missing", second_chunk: b"tail"}
     # Only one-chunk contents come from the pack: a later chunk goes to the backend.
     assert backend.calls == [[(kept, 0)], [(missing, 0), second_chunk]]
-    assert keeper.hits == 1
+    assert keeper.fetched == 3
+
+
+def test_a_read_waits_for_the_pack_being_opened(packs):
+    backend = Loader({})
+    keeper = Keeper(packs, "docs", chunk_size=1 << 20)
+    load = keeper.loader(backend)
+
+    async def main() -> dict:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keeper.open)
+            await trio.testing.wait_all_tasks_blocked()  # the open is under way
+            return await load([(digest(b"alpha\n"), 0)])
+
+    assert trio.run(main) == {(digest(b"alpha\n"), 0): b"alpha\n"}
+    assert backend.calls == []
