@@ -64,7 +64,10 @@ class _Progress:
         self.step()
 
     async def wait(self) -> None:
-        await self._next.wait()
+        """Until the next step, or not at all once finished: a waiter may have
+        awaited something else when the last step came."""
+        if not self.finished:
+            await self._next.wait()
 
 
 class Preload:
