@@ -16,8 +16,8 @@ Elasticsearch as ever. A viewer reads only the digests of its own tree, which
 lists only what it may see. Packs live in a directory only their owner can
 read, like trees.
 
-Layout: a tag line; the count N as 8 bytes; the SHA-256 of all that follows;
-N raw digests of 32 bytes; N + 1 offsets of 8 bytes into the data; the data.
+Layout: a tag line; the SHA-256 of all that follows; the count N as 8 bytes; N
+raw digests of 32 bytes; N + 1 offsets of 8 bytes into the data; the data.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 TAG = b"esfuse-pack-1\n"
 _DIGEST = 32
 _COUNT = 8
-_HEAD = len(TAG) + _COUNT + _DIGEST
+_SUMMED = len(TAG) + _DIGEST  # where what the checksum covers begins
+_HEAD = _SUMMED + _COUNT
 _BLOCK = 1 << 20
 
 
@@ -60,9 +61,9 @@ class Pack:
         head = os.pread(self.fd, _HEAD, 0)
         if len(head) != _HEAD or head[: len(TAG)] != TAG:
             raise ValueError("not an esfuse pack")
-        count = int.from_bytes(head[len(TAG) : len(TAG) + _COUNT], "little")
-        if _checksum(self.fd, _HEAD) != head[-_DIGEST:]:
+        if _checksum(self.fd, _SUMMED) != head[len(TAG) : _SUMMED]:
             raise ValueError("its checksum does not match")
+        count = int.from_bytes(head[_SUMMED:], "little")
         data_at = _HEAD + count * _DIGEST + (count + 1) * 8
         index = os.pread(self.fd, data_at - _HEAD, _HEAD)
         if len(index) != data_at - _HEAD:
@@ -151,13 +152,13 @@ class Packs:
         try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             with open(tmp, "w+b") as f:
-                f.write(TAG + (len(offsets) - 1).to_bytes(_COUNT, "little") + bytes(_DIGEST))
+                f.write(TAG + bytes(_DIGEST) + (len(offsets) - 1).to_bytes(_COUNT, "little"))
                 f.write(digests)
                 f.write(offsets.tobytes())
                 f.writelines(data)
                 f.flush()
-                f.seek(_HEAD - _DIGEST)
-                f.write(_checksum(f.fileno(), _HEAD))
+                f.seek(len(TAG))
+                f.write(_checksum(f.fileno(), _SUMMED))
             tmp.replace(path)
         except OSError as e:
             with contextlib.suppress(OSError):

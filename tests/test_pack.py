@@ -50,14 +50,15 @@ def test_a_pack_gives_back_what_was_written(packs):
     "damage",
     [
         lambda data: b"not a pack at all",
-        lambda data: data[: len(TAG) + 3],  # cut inside the count
+        lambda data: data[: len(TAG) + 3],  # cut inside the checksum
+        lambda data: data[: len(TAG) + 32] + b"\x09" + data[len(TAG) + 33 :],  # the count
         lambda data: data[:-1],  # one byte short of its index
         lambda data: data + b"x",  # one byte past it
         lambda data: b"esfuse-pack-0\n" + data[len(TAG) :],  # another layout
         lambda data: data.replace(b"alpha\n", b"alpHa\n"),  # one content damaged
         lambda data: data[:-40] + bytes(40),  # the index intact, the end zeroed
     ],
-    ids=["garbage", "cut-count", "short", "long", "old-tag", "content", "zeroed"],
+    ids=["garbage", "cut", "count", "short", "long", "old-tag", "content", "zeroed"],
 )
 def test_an_unreadable_pack_is_no_pack(packs, damage, caplog):
     path = pack_file(packs)
