@@ -8,7 +8,8 @@ then for several rounds time, side by side:
 
 - mount-ready (`esfuse mount` start to the first `ls`), and the tree load in it;
 - `ls -l` of the largest directory, first after mount;
-- `grep -r` over the mount, first after mount, first once the preload has
+- `grep -r` over the mount, first after mount (with the contents an earlier
+  mount kept on local disk, and without), first once the preload has
   handed every content to the kernel, and warm; over the floor (the
   same tree served from RAM by scripts/floorfs.py, with stock and patched pyfuse3);
   and over a local copy (and `rg` when installed);
@@ -194,6 +195,11 @@ class Bench:
         self.wait_preloaded()
         self.grep("grep sel preloaded", sel, self.mnt)
         self.umount()
+        # Right after a mount that keeps nothing on local disk, as the first mount on
+        # a machine: every content then comes from Elasticsearch.
+        self.mount("--no-keep-contents")
+        self.grep("grep sel cold unkept", sel, self.mnt)
+        self.umount()
         self.cat(number)
         self.small_cache()
         with floor(self.src, self.mnt, patched=False):
@@ -249,7 +255,7 @@ class Bench:
 
         row("ready", "mount-ready (`esfuse mount` → first `ls`)")
         row("tree load", "… of which tree load (fetch, decode, build)")
-        row("preload", "preload after mount-ready (into the cache and the kernel)")
+        row("preload", "preload after mount-ready (into the kernel, from local disk)")
         row("ls wide", f"`ls -l` of {self.wide}/ ({self.wide_entries} entries), first")
         row("cat", "`cat` of one uncached file, p50")
         for name, pattern in (("sel", sel), ("unsel", unsel)):
@@ -262,6 +268,12 @@ class Bench:
             row(
                 f"grep {name} cold",
                 "… over the mount, first after mount",
+                local,
+                f"floor {name} cold",
+            )
+            row(
+                f"grep {name} cold unkept",
+                "… over the mount, first after a mount with nothing kept on local disk",
                 local,
                 f"floor {name} cold",
             )
