@@ -136,7 +136,8 @@ class Preload:
         hand-over is under way any more.
 
         A hand-over may wait for the lock of a page that a read in flight holds,
-        which only our answer releases; the thread checks `_stopping` between files.
+        which only our answer releases; the thread checks `_stopping` between steps
+        of a few dozen files (see fs.hand_to_kernel).
         """
         self._stopping = True
         with trio.move_on_after(timeout):
