@@ -352,11 +352,24 @@ def status_command(mountpoint: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(answer, indent=2, sort_keys=True))
         return
+    try:
+        lines = _status_lines(answer)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise EsfuseError(
+            f"{mountpoint}: the daemon's status is not what this esfuse expects"
+            f" ({type(e).__name__}: {e}); --json shows it whole"
+        ) from None
+    for label, value in lines:
+        click.echo(f"{label:<19} {value}")
+
+
+def _status_lines(answer: dict[str, Any]) -> list[tuple[str, str]]:
+    """The status answer as labelled lines, for people."""
     hits, misses = answer["cache_hits"], answer["cache_misses"]
     rate = f"{100 * hits / (hits + misses):.0f}%" if hits + misses else "n/a"
     requests = ", ".join(f"{n} {k}" for k, n in sorted(answer["requests"].items())) or "none"
     latency = ", ".join(f"{k} {v} ms" for k, v in answer["latency_ms"].items()) or "n/a"
-    for label, value in [
+    return [
         ("index", answer["index"]),
         (
             "tree",
@@ -371,14 +384,14 @@ def status_command(mountpoint: Path, as_json: bool) -> None:
         (
             "preload",
             f"{answer['preload']}, {answer['handed_to_kernel']} files in the kernel, "
-            f"{answer['from_local_disk']} of them from local disk",
+            # Not from daemons older than the packs, which may still be serving.
+            f"{answer.get('from_local_disk', 0)} of them from local disk",
         ),
         ("requests", requests),
         ("latency", latency),
         ("memory", f"{answer['rss_bytes'] / 1e6:.0f} MB resident (pid {answer['pid']})"),
         ("uptime", f"{answer['uptime']:.0f} s"),
-    ]:
-        click.echo(f"{label:<19} {value}")
+    ]
 
 
 @main.command("sandbox", context_settings={"ignore_unknown_options": True})

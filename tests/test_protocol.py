@@ -72,3 +72,50 @@ def test_mount_table_fields_are_unescaped_as_the_kernel_escapes_them(field):
 
 def test_a_mount_point_with_spaces_and_backslashes_is_read_back():
     assert mountinfo._unescaped(b"/mnt/my\\040docs\\134x\\011y") == "/mnt/my docs\\x\ty"
+
+
+STATUS = {
+    "ok": True,
+    "index": "docs",
+    "tree_version": 3,
+    "files": 10,
+    "tree_age": 5.0,
+    "tree_load_ms": 12.0,
+    "last_refresh_error": None,
+    "cache_bytes": 1000,
+    "cache_hits": 1,
+    "cache_misses": 1,
+    "preload": "done",
+    "handed_to_kernel": 9,
+    "from_local_disk": 9,
+    "requests": {"content": 1},
+    "latency_ms": {"p50": 1.0},
+    "rss_bytes": 50_000_000,
+    "pid": 123,
+    "uptime": 6.0,
+}
+
+
+@pytest.mark.parametrize(
+    "drop, shown",
+    [
+        (None, "9 files in the kernel, 9 of them from local disk"),
+        ("from_local_disk", "9 files in the kernel, 0 of them from local disk"),  # older daemon
+        ("cache_hits", None),
+    ],
+)
+def test_status_of_a_daemon_of_another_version_is_shown_or_one_line(monkeypatch, drop, shown):
+    from click.testing import CliRunner
+
+    from esfuse import cli
+
+    answer = {k: v for k, v in STATUS.items() if k != drop}
+    monkeypatch.setattr(cli.protocol, "socket_of", lambda mountpoint: "/run/esfuse/x.sock")
+    monkeypatch.setattr(cli.protocol, "call", lambda path, request, timeout: answer)
+    result = CliRunner().invoke(cli.main, ["status", "/mnt/docs"])
+    if shown:
+        assert result.exit_code == 0 and shown in result.output
+    else:
+        assert result.exit_code == 1
+        assert "Traceback" not in result.output
+        assert "status is not what this esfuse expects (KeyError: 'cache_hits')" in result.output
