@@ -108,7 +108,7 @@ class Operations(pyfuse3.Operations):
         self.uid = os.getuid()
         self.gid = os.getgid()
         self._misses_in_dir: dict[int, int] = {}
-        self._listed: set[int] = set()  # directories opened since the tree was loaded
+        self._opened: set[int] = set()  # directories opened since the tree was loaded
         self._attributes: dict[int, pyfuse3.EntryAttributes] = {}
         # Directory handles above the inode range: listings narrowed for an esgrep session.
         self._narrowed: dict[int, tuple[int, list[tuple[bytes, int]]]] = {}
@@ -117,7 +117,7 @@ class Operations(pyfuse3.Operations):
     def swap(self, tree: Tree) -> None:
         self.previous, self.tree = self.tree, tree
         self._misses_in_dir.clear()  # a new version is worth reading ahead again
-        self._listed.clear()
+        self._opened.clear()
         self._attributes.clear()
 
     def node(self, inode: int) -> Node:
@@ -179,7 +179,7 @@ class Operations(pyfuse3.Operations):
     async def opendir(self, inode: int, ctx: Any) -> Any:
         if not self.tree.is_dir(inode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        self._listed.add(inode)
+        self._opened.add(inode)
         visible = self.sessions.visible(ctx.pid)
         if visible is None:
             return _directory_handle(inode, cached=True)
@@ -246,7 +246,7 @@ class Operations(pyfuse3.Operations):
             return  # an inode of the replaced tree: no traversal to anticipate
         misses = self._misses_in_dir.get(parent, 0)
         self._misses_in_dir[parent] = misses + 1
-        step = misses if parent in self._listed else misses - 1
+        step = misses if parent in self._opened else misses - 1
         if step not in (0, 1):
             return
         listing = self.tree.listing(parent)

@@ -34,6 +34,7 @@ import trio
 
 from esfuse.cache import ContentCache, Key, Loader
 from esfuse.tree import Tree
+from esfuse.treecache import index_key
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +127,7 @@ class Packs:
         self.directory = directory
 
     def _path(self, index: str) -> Path:
-        # A digest, not the name: the name comes from the command line.
-        return self.directory / f"{hashlib.sha256(index.encode()).hexdigest()[:16]}.pack"
+        return self.directory / f"{index_key(index)}.pack"
 
     def open(self, index: str) -> Pack | None:
         """The pack of `index`, or None if there is none or it cannot be read."""

@@ -35,16 +35,18 @@ def local_directory(kind: str) -> Path:
     return Path(base) / "esfuse" / kind
 
 
+def index_key(index: str) -> str:
+    """How files on local disk name an index: a digest, not the name, which comes
+    from the command line."""
+    return hashlib.sha256(index.encode()).hexdigest()[:16]
+
+
 class TreeCache:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
 
-    def _prefix(self, index: str) -> str:
-        # A digest, not the name: the name comes from the command line.
-        return hashlib.sha256(index.encode()).hexdigest()[:16]
-
     def _path(self, index: str, checksum: str) -> Path:
-        return self.directory / f"{self._prefix(index)}.{checksum}.tree"
+        return self.directory / f"{index_key(index)}.{checksum}.tree"
 
     def get(self, index: str, checksum: str) -> Columns | None:
         path = self._path(index, checksum)
@@ -75,7 +77,7 @@ class TreeCache:
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_bytes(marshal.dumps(entry))
             tmp.replace(path)
-            for old in self.directory.glob(f"{self._prefix(index)}.*.tree"):
+            for old in self.directory.glob(f"{index_key(index)}.*.tree"):
                 if old != path:
                     old.unlink(missing_ok=True)
         except OSError as e:
