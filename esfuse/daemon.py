@@ -288,7 +288,7 @@ async def serve(
                 keeper = Keeper(Packs(options.packs), options.index, pointer.chunk_size)
                 loader = keeper.loader(loader)
             content = ContentCache(
-                loader, pointer.chunk_size, options.cache_bytes, *([keeper.holds] if keeper else [])
+                loader, pointer.chunk_size, options.cache_bytes, *([keeper.get] if keeper else [])
             )
             sessions, served = Sessions(), Served(tree)
             grep = GrepService(tree, store, content, sessions, served, nursery)

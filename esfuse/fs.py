@@ -318,9 +318,8 @@ def _directory_handle(fh: int, cached: bool) -> Any:
     return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(fh), keep_cache=True, cache_readdir=cached)
 
 
-# A whole content for the kernel: (inode, data), or (inode, fd, offset, size) for
-# size bytes at offset of the file descriptor fd.
-Stored = tuple[int, bytes] | tuple[int, int, int, int]
+# A whole content for the kernel: (inode, data).
+Stored = tuple[int, bytes | memoryview]
 
 
 def hand_to_kernel(
@@ -354,9 +353,8 @@ def _store_each(contents: Sequence[Stored]) -> list[int]:
     """`notify_store_many` for stock pyfuse3: one call, and one release of the
     interpreter lock, per file."""
     errors = []
-    for inode, *source in contents:
+    for inode, data in contents:
         try:
-            data = source[0] if len(source) == 1 else os.pread(source[0], source[2], source[1])
             pyfuse3.notify_store(pyfuse3.InodeT(inode), 0, data)
         except OSError as e:
             errors.append(e.errno or errno.EIO)

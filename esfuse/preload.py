@@ -162,8 +162,8 @@ class Preload:
                     opened.set()
                     # What the pack holds goes to the kernel from there, and to a
                     # read from there too: our cache need not hold it.
-                    unpacked = (f for f in tree.contents() if self._from_pack(*f) is None)
-                    await self.content.preload(unpacked, progress.step)
+                    lacking = self.keeper.lacking(tree) if self.keeper else tree.contents()
+                    await self.content.preload(lacking, progress.step)
                 finally:
                     opened.set()
                     progress.finish()
@@ -182,9 +182,6 @@ class Preload:
                 await self.keeper.keep(tree, self.content)
             except Exception:
                 log.exception("keeping the contents of tree %d failed", number)
-
-    def _from_pack(self, digest: str, size: int) -> tuple[int, int, int] | None:
-        return self.keeper.where(digest, size) if self.keeper else None
 
     def _current(self, number: int) -> bool:
         return number == self._trees != self._refused and not self._stopping
@@ -227,21 +224,15 @@ class Preload:
             while self._current(number) and not (listing.finished or self._listed[parent]):
                 handed += await self._hand(batch, number)  # what is ready, meanwhile
                 await listing.wait()
-            packed = self._from_pack(digest, size)
-            data = None if packed else self.content.cached(digest, size, 0, size, count=False)
+            # From the pack if it holds it, else from our cache.
+            data = self.content.cached(digest, size, 0, size, count=False)
             # Not cached yet: wait for the preload, unless it could not load it (a
             # read will ask for it then).
-            while (
-                packed is None
-                and data is None
-                and not (progress.finished or digest in tree.externals)
-            ):
+            while data is None and not (progress.finished or digest in tree.externals):
                 handed += await self._hand(batch, number)  # what is ready, meanwhile
                 await progress.wait()
                 data = self.content.cached(digest, size, 0, size, count=False)
-            if packed is not None:
-                batch.append((inode, *packed))
-            elif data is not None:
+            if data is not None:
                 batch.append((inode, data))
             if len(batch) >= HAND_OVER_BATCH:
                 handed += await self._hand(batch, number)
@@ -256,7 +247,8 @@ class Preload:
             taken, refused = await trio.to_thread.run_sync(
                 hand_to_kernel, list(batch), lambda: self._stopping
             )
-        packed = {stored[0] for stored in batch if len(stored) == 4}
+        # From the pack, a view of its mapping; from our cache, bytes.
+        packed = {inode for inode, data in batch if isinstance(data, memoryview)}
         batch.clear()
         for inode in taken:
             self._held[inode] = 1

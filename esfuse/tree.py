@@ -382,6 +382,14 @@ class Tree:
                 seen.add(digest)
                 yield digest, size
 
+    def content_sizes(self) -> dict[str, int]:
+        """The size of each content held in Elasticsearch, by digest, in no order:
+        a pass over columns, where `contents` walks the tree."""
+        sizes = {d: s for d, s in zip(self._digests, self._sizes, strict=True) if d is not None}
+        for digest in self.externals:
+            sizes.pop(digest, None)
+        return sizes
+
     def _record(self, inode: int, path: str) -> FileRecord:
         i = self._check(inode)
         digest = self._digests[i] or ""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import trio
 import trio.testing
 
 from esfuse.pack import TAG, Keeper, Packs
+from esfuse.tree import FileRecord, Tree
 from tests.test_cache import Loader
 
 CONTENTS = [b"alpha\n", b"", "ünïcode ✓\n".encode(), bytes(range(256)) * 20]
@@ -68,15 +68,32 @@ def test_an_unreadable_pack_is_no_pack(packs, damage, caplog):
     assert "ignoring the pack" in caplog.text
 
 
-def test_where_gives_the_bytes_of_one_chunk_contents_only(packs):
+def test_the_keeper_gives_one_chunk_contents_only(packs):
     keeper = Keeper(packs, "docs", chunk_size=len(CONTENTS[3]) - 1)
     trio.run(keeper.open)
     assert keeper.pack is not None
-    fd, offset, size = keeper.where(digest(b"alpha\n"), 6)
-    assert os.pread(fd, size, offset) == b"alpha\n"
-    assert keeper.where(digest(CONTENTS[3]), len(CONTENTS[3])) is None  # two chunks here
-    assert keeper.where(digest(b""), 0) is None
-    assert keeper.where(digest(b"never written"), 13) is None
+    assert keeper.get(digest(b"alpha\n"), 6) == b"alpha\n"
+    assert keeper.get(digest(CONTENTS[3]), len(CONTENTS[3])) is None  # two chunks here
+    assert keeper.get(digest(b""), 0) is None
+    assert keeper.get(digest(b"never written"), 13) is None
+
+
+def test_lacking_walks_the_tree_only_for_what_the_pack_does_not_hold(packs):
+    keeper = Keeper(packs, "docs", chunk_size=1 << 20)
+    held = [FileRecord(f"held-{n}", len(c), 1, digest(c)) for n, c in enumerate(CONTENTS)]
+    tree = Tree([], held)
+    assert list(keeper.lacking(tree)) == list(tree.contents())  # no pack open yet
+    trio.run(keeper.open)
+    assert list(keeper.lacking(tree)) == []  # the empty file needs no load
+    more = Tree(
+        [],
+        [
+            *held,
+            FileRecord("new", 3, 1, digest(b"new")),
+            FileRecord("x", 1, 1, "e", url="file:///x"),
+        ],
+    )
+    assert list(keeper.lacking(more)) == [(digest(b"new"), 3)]
 
 
 def test_a_pack_that_cannot_be_written_is_a_warning(tmp_path, caplog):

@@ -208,3 +208,4 @@ def test_contents_come_once_each_in_traversal_order_without_externals():
     tree = Tree(DIRS, files)
     # grep -r meets a/copy.md, a/sub/y.md, a/x.md, b.md, café/…, then z.json.
     assert list(tree.contents()) == [("d2", 5), ("d3", 0), ("d1", 3), ("d4", 7)]
+    assert tree.content_sizes() == dict(tree.contents())
