@@ -13,8 +13,8 @@ never wrong bytes. It is then mapped into memory, and its contents go from
 there to the kernel's page cache without a copy in Python (see preload). Only
 contents of one chunk are kept (the files a traversal reads by the thousand);
 larger ones come from Elasticsearch as ever. A viewer reads only the digests of
-its own tree, which lists only what it may see. Packs live in a directory only their owner can
-read, like trees.
+its own tree, which lists only what it may see. Packs live in a directory only
+their owner can read, like trees.
 
 Layout: a tag line; the SHA-256 of all that follows; the count N as 8 bytes; N
 raw digests of 32 bytes; N + 1 offsets of 8 bytes into the data; the data.

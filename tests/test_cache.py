@@ -172,6 +172,17 @@ def test_prefetch_spends_at_most_half_the_cache_and_skips_cached():
     assert len(loader.calls) == 2  # everything asked for is cached: no request
 
 
+def test_local_contents_are_read_in_place_never_fetched_or_cached():
+    local = {"kept": memoryview(b"kept on disk\n")}
+    loader = Loader(many_files(2, 100))
+    cache = ContentCache(loader, CHUNK, 1000, lambda digest, size: local.get(digest))
+    assert cache.cached("kept", 13, 5, 2) == b"on"
+    assert cache.cached("kept", 13, 13, 10) == b""  # at the end
+    prefetch(cache, [("kept", 13), ("f1", 100)])
+    assert loader.calls == [[("f1", 0)]]
+    assert cache.chunks.current_bytes == 100
+
+
 def test_a_failed_prefetch_reaches_its_readers_but_not_the_prefetcher():
     loader = Loader(many_files(3, 10), delay=0.02, fail=True)
     cache = ContentCache(loader, CHUNK, 1 << 20)
