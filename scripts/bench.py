@@ -11,8 +11,9 @@ then for several rounds time, side by side:
 - `grep -r` over the mount, first after mount (with the contents an earlier
   mount kept on local disk, and without), first once the preload has
   handed every content to the kernel, and warm; over the floor (the
-  same tree served from RAM by scripts/floorfs.py, with stock and patched pyfuse3);
-  and over a local copy (and `rg` when installed);
+  same tree served from RAM by scripts/floorfs.py, with stock and patched pyfuse3,
+  and, first after mount, doing at mount what the preload does); and over a
+  local copy (and `rg` when installed);
 - esgrep, first after mount and warm, with a selective and an unselective literal;
 - `cat` of single uncached files (p50), and the daemon's resident memory:
   after mount, after a full read, and with a cache smaller than the corpus.
@@ -93,12 +94,13 @@ def largest_dir(src: Path) -> tuple[Path, int]:
 
 
 @contextmanager
-def floor(src: Path, mnt: Path, patched: bool) -> Iterator[float]:
-    """The floor file system mounted at `mnt`; yields how long loading it took."""
+def floor(src: Path, mnt: Path, *options: str) -> Iterator[float]:
+    """The floor file system mounted at `mnt` with `options` (see floorfs.py); yields
+    how long loading it took."""
     started = time.perf_counter()
-    args = [sys.executable, REPO / "scripts" / "floorfs.py", src, mnt]
+    args = [sys.executable, REPO / "scripts" / "floorfs.py", src, mnt, *options]
     proc = subprocess.Popen(
-        [str(a) for a in args] + (["--patched"] if patched else []),
+        [str(a) for a in args],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -181,7 +183,9 @@ class Bench:
         self.mount()
         self.rss("rss mounted")
         self.grep("grep sel cold", sel, self.mnt)
-        with floor(self.src, self.floor_mnt, patched=True):
+        with floor(self.src, self.floor_mnt, "--patched", "--hand-over"):
+            self.grep("floor sel handed", sel, self.floor_mnt)
+        with floor(self.src, self.floor_mnt, "--patched"):
             self.grep("floor sel cold", sel, self.floor_mnt)
             for _ in range(WARM_RUNS):
                 for pattern, name in ((sel, "sel"), (unsel, "unsel")):
@@ -202,7 +206,7 @@ class Bench:
         self.umount()
         self.cat(number)
         self.small_cache()
-        with floor(self.src, self.mnt, patched=False):
+        with floor(self.src, self.mnt):
             timed("grep", "-r", sel, ".", cwd=self.mnt)  # warms it
             self.grep("floor opens sel warm", sel, self.mnt)
             self.grep("floor opens unsel warm", unsel, self.mnt)
@@ -264,18 +268,23 @@ class Bench:
             row(f"rg {name}", f"`rg {pattern}`, local copy", local)
             row(f"floor opens {name} warm", "… floor with opens, warm", local)
             row(f"floor {name} cold", "… floor (RAM, patched pyfuse3), first after mount", local)
+            row(
+                f"floor {name} handed",
+                "… floor, listing and handing everything to the kernel at mount, first after",
+                local,
+            )
             row(f"floor {name} warm", "… floor (RAM, patched pyfuse3), warm", local)
             row(
                 f"grep {name} cold",
                 "… over the mount, first after mount",
                 local,
-                f"floor {name} cold",
+                f"floor {name} handed",
             )
             row(
                 f"grep {name} cold unkept",
                 "… over the mount, first after a mount with nothing kept on local disk",
                 local,
-                f"floor {name} cold",
+                f"floor {name} handed",
             )
             row(
                 f"grep {name} preloaded",

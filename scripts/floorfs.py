@@ -1,13 +1,17 @@
 """The floor of esfuse's architecture: a minimal pyfuse3 file system serving a local tree from RAM.
 
-    python scripts/floorfs.py SOURCE MOUNTPOINT [--patched]
+    python scripts/floorfs.py SOURCE MOUNTPOINT [--patched [--hand-over]]
 
 Everything is read into memory before the mount, and each request is answered
 with no more work than a dictionary lookup, so its timings are what pyfuse3,
 trio and the kernel cost by themselves. The benchmark runs it beside esfuse,
 with opens (what stock pyfuse3 allows), and without opens and with listings
-kept by the kernel (what esfuse's build of pyfuse3 allows). It prints "ready"
-once mounted and serves until unmounted.
+kept by the kernel (what esfuse's build of pyfuse3 allows). With --hand-over it
+also does at mount what esfuse's preload does with nothing left to fetch: list
+every directory through the mount with find(1), so that the kernel makes every
+inode, then hand every content to the kernel's page cache in batches; that is
+the floor of a `grep -r` started right at mount-ready. It prints "ready" once
+mounted and serves until unmounted.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +95,14 @@ class FloorFS(pyfuse3.Operations):
         return None
 
 
+def hand_over(ops: FloorFS, mountpoint: Path) -> None:
+    """In a thread: list everything through the mount, then store every content."""
+    subprocess.run(["find", os.fspath(mountpoint), "-false"], check=False)
+    contents = [(inode, data) for inode, data in ops.data.items() if data]
+    for start in range(0, len(contents), 256):
+        pyfuse3.notify_store_many(contents[start : start + 256])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source", type=Path)
@@ -98,13 +112,22 @@ def main() -> None:
         action="store_true",
         help="use what esfuse's build of pyfuse3 allows: no opens, listings kept by the kernel",
     )
+    parser.add_argument(
+        "--hand-over",
+        action="store_true",
+        help="at mount, list everything and hand every content to the kernel (with --patched)",
+    )
     args = parser.parse_args()
     if args.patched and not getattr(pyfuse3, "OPENDIR_TAKES_FILEINFO", False):
         raise SystemExit("floorfs: --patched needs the pyfuse3 of scripts/build-pyfuse3")
+    if args.hand_over and not args.patched:
+        raise SystemExit("floorfs: --hand-over needs --patched")
     ops = FloorFS(args.source, args.patched)
     options = set(pyfuse3.default_options) | {"ro", "fsname=floorfs"}
     pyfuse3.init(ops, str(args.mountpoint), options)
     print("ready", flush=True)
+    if args.hand_over:
+        threading.Thread(target=hand_over, args=(ops, args.mountpoint), daemon=True).start()
     try:
         trio.run(pyfuse3.main)
     finally:
