@@ -171,7 +171,8 @@ class ContentCache:
 
     `local(digest, size)` gives a whole content kept on local disk and mapped
     into memory (see pack), if it is: that is read from there as it is, neither
-    cached here nor fetched ahead. Through the loader, a read of a tldr page
+    cached here nor fetched ahead (until the pack is open, the loader reads it
+    from there, into the cache). Through the loader, a read of a tldr page
     from the pack took 26 us (a copy, a trip through the scheduler, a place in
     the cache), and 0.8 us so; a `grep -r` at mount makes thousands of them,
     wherever it gets ahead of the hand-over to the kernel.
@@ -201,7 +202,8 @@ class ContentCache:
     def cached(
         self, digest: str, size: int, offset: int, length: int, count: bool = True
     ) -> bytes | memoryview | None:
-        """What `read` would give, if every chunk of it is cached or it is local; else None.
+        """What `read` would give, if every chunk of it is cached, or a view of it
+        if it is local; else None.
 
         No await: the kernel's reads of a cached file cost one dictionary
         lookup each instead of a trip through the scheduler. A hit counts only

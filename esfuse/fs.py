@@ -256,7 +256,7 @@ class Operations(pyfuse3.Operations):
         self.content.prefetch(self.nursery, self.tree.contents_of(window))
 
     @boundary
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
         # fh is the inode (see open). Its content never changes (see Tree), and an
         # inode a refresh just dropped is still in the previous tree.
         digest, length = self._either(Tree.content, fh)

@@ -10,7 +10,9 @@ A pack is content-addressed: it holds contents by their SHA-256, so it serves
 any version of the tree that shares them. It is checked whole against the
 checksum in its header when it is opened, so a damaged pack costs fetches,
 never wrong bytes. It is then mapped into memory, and its contents go from
-there to the kernel's page cache without a copy in Python (see preload). Only
+there to the kernel's page cache without a copy in Python (see preload). A pack
+is only ever replaced whole, never changed in place: one cut short under the
+mapping would end the daemon with SIGBUS. Only
 contents of one chunk are kept (the files a traversal reads by the thousand);
 larger ones come from Elasticsearch as ever. A viewer reads only the digests of
 its own tree, which lists only what it may see. Packs live in a directory only
@@ -61,7 +63,6 @@ class Pack:
             # of 6 and 8 mounts). The mapping outlives the descriptor; the file is
             # only ever replaced whole (see Packs.write), never cut short under it.
             self._map = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-        self._view = memoryview(self._map)
 
     def _read_index(self, fd: int) -> None:
         head = os.pread(fd, _HEAD, 0)
@@ -100,11 +101,11 @@ class Pack:
         if i is None:
             return None
         start = self._data_at + self._offsets[i]
-        return self._view[start : start + self._offsets[i + 1] - self._offsets[i]]
+        return memoryview(self._map)[start : start + self._offsets[i + 1] - self._offsets[i]]
 
     def close(self) -> None:
-        """Unmap the pack; BufferError while a view from `get` is still held."""
-        self._view.release()
+        """Unmap the pack; BufferError, and the pack still open, while a view
+        from `get` is held."""
         self._map.close()
 
 
@@ -183,7 +184,7 @@ class Keeper:
 
     async def open(self) -> None:
         """Open the pack, the first time only. It then stays open for the mount's
-        life: contents may be on their way from its `fd` to the kernel at any
+        life: views of its contents may be on their way to the kernel at any
         time, and a content-addressed pack stays right after a newer one
         replaced it."""
         if self._opened.is_set() or self._opening:
@@ -205,11 +206,12 @@ class Keeper:
         of Tree.contents."""
         if self.pack is None:
             return tree.contents()
-        # A set difference first: walking the whole tree, as every mount after the
-        # first would only to find that the pack holds everything, took 96 ms of
-        # the thread that answers the kernel, as a `grep -r` at mount began.
-        sizes = tree.content_sizes()
-        wanted = {d for d in sizes.keys() - self.pack.digests() if sizes[d]}
+        # A pass over the digests first: walking the whole tree, as every mount
+        # after the first would only to find that the pack holds everything, took
+        # 96 ms of the thread that answers the kernel, as a `grep -r` at mount began.
+        # What `get` serves is held; an empty content needs no load.
+        sizes, held, chunk = tree.content_sizes(), self.pack.digests(), self.chunk_size
+        wanted = {d for d, s in sizes.items() if s and not (s <= chunk and d in held)}
         return (c for c in tree.contents() if c[0] in wanted) if wanted else iter(())
 
     def loader(self, fetch: Loader) -> Loader:
@@ -238,7 +240,7 @@ class Keeper:
         pack and from `content`; whether it wrote a new one. Writes nothing if
         the open pack holds just those, or if any is missing."""
         pack = self.pack
-        kept: dict[str, bytes | None] = {}  # None: in the open pack
+        kept: dict[str, bytes | memoryview | None] = {}  # None: in the open pack
         for n, (digest, size) in enumerate(tree.contents(), 1):
             if n % 1024 == 0:
                 await trio.lowlevel.checkpoint()  # a walk over the whole tree

@@ -40,6 +40,12 @@ def test_a_pack_gives_back_what_was_written(packs):
         for content in CONTENTS:
             assert pack.get(digest(content)) == content
         assert pack.get(digest(b"never written")) is None
+        view = pack.get(digest(CONTENTS[0]))
+        with pytest.raises(BufferError):
+            pack.close()  # a view of it is still held: the pack stays open
+        assert pack.get(digest(CONTENTS[2])) == CONTENTS[2]
+        assert view is not None
+        view.release()
     finally:
         pack.close()
     assert packs.open("other") is None
@@ -78,22 +84,25 @@ def test_the_keeper_gives_one_chunk_contents_only(packs):
     assert keeper.get(digest(b"never written"), 13) is None
 
 
-def test_lacking_walks_the_tree_only_for_what_the_pack_does_not_hold(packs):
-    keeper = Keeper(packs, "docs", chunk_size=1 << 20)
-    held = [FileRecord(f"held-{n}", len(c), 1, digest(c)) for n, c in enumerate(CONTENTS)]
-    tree = Tree([], held)
+def test_lacking_walks_the_tree_only_for_what_the_pack_does_not_serve(packs, monkeypatch):
+    keeper = Keeper(packs, "docs", chunk_size=len(CONTENTS[3]) - 1)
+    records = [FileRecord(f"held-{n}", len(c), 1, digest(c)) for n, c in enumerate(CONTENTS)]
+    tree = Tree([], [*records[:3], FileRecord("empty-too", 0, 1, digest(b"nowhere"))])
     assert list(keeper.lacking(tree)) == list(tree.contents())  # no pack open yet
     trio.run(keeper.open)
-    assert list(keeper.lacking(tree)) == []  # the empty file needs no load
-    more = Tree(
-        [],
-        [
-            *held,
-            FileRecord("new", 3, 1, digest(b"new")),
-            FileRecord("x", 1, 1, "e", url="file:///x"),
-        ],
-    )
-    assert list(keeper.lacking(more)) == [(digest(b"new"), 3)]
+
+    def walk() -> None:
+        raise AssertionError("walked the tree with nothing to load")
+
+    monkeypatch.setattr(tree, "contents", walk)
+    assert list(keeper.lacking(tree)) == []  # empty files need no load
+    external = FileRecord("x", 1, 1, "e", url="file:///x")
+    more = Tree([], [*records, FileRecord("new", 3, 1, digest(b"new")), external])
+    # The pack holds CONTENTS[3], but it is two chunks here, which the pack never serves.
+    assert list(keeper.lacking(more)) == [
+        (digest(CONTENTS[3]), len(CONTENTS[3])),
+        (digest(b"new"), 3),
+    ]
 
 
 def test_a_pack_that_cannot_be_written_is_a_warning(tmp_path, caplog):
