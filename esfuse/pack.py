@@ -239,30 +239,23 @@ class Keeper:
         """Make the pack hold the one-chunk contents of `tree`, taken from the open
         pack and from `content`; whether it wrote a new one. Writes nothing if
         the open pack holds just those, or if any is missing."""
-        pack = self.pack
-        kept: dict[str, bytes | memoryview | None] = {}  # None: in the open pack
+        kept: dict[str, bytes | memoryview] = {}
+        # Tree.contents gives each content once, none external.
         for n, (digest, size) in enumerate(tree.contents(), 1):
             if n % 1024 == 0:
                 await trio.lowlevel.checkpoint()  # a walk over the whole tree
-            if not 0 < size <= self.chunk_size or digest in kept or digest in tree.externals:
+            if not 0 < size <= self.chunk_size:
                 continue
-            if pack is not None and digest in pack:
-                kept[digest] = None
-                continue
-            kept[digest] = content.cached(digest, size, 0, size, count=False)
-            if kept[digest] is None:
+            data = self.get(digest, size)
+            if data is None:
+                data = content.cached(digest, size, 0, size, count=False)
+            if data is None:
                 log.info("not keeping the contents: some are not cached")
                 return False
-        if pack is not None and len(pack) == len(kept) and all(d is None for d in kept.values()):
+            kept[digest] = data
+        pack = self.pack
+        if pack is not None and len(pack) == len(kept) and all(d in pack for d in kept):
             return False
-        contents: list[tuple[str, bytes | memoryview]] = []
-        for digest, data in kept.items():
-            if data is None:
-                assert pack is not None
-                data = pack.get(digest)
-                if data is None:
-                    return False
-            contents.append((digest, data))
-        await trio.to_thread.run_sync(self.packs.write, self.index, contents)
-        log.info("kept %d contents on local disk", len(contents))
+        await trio.to_thread.run_sync(self.packs.write, self.index, list(kept.items()))
+        log.info("kept %d contents on local disk", len(kept))
         return True

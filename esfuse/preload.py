@@ -21,9 +21,9 @@ budget too: a million files of 100 bytes fit half of a 256 MB cache, and would
 take 4 GB of page cache.
 
 The hand-over follows the tree in traversal order, behind the preload and the
-listing, and takes whatever the cache holds: also what reads and esgrep fetched first,
-and what a refresh finds cached already under a new inode. A failure here is
-logged and ends the hand-over, never the mount.
+listing, and takes whatever the pack or the cache holds: also what reads and
+esgrep fetched first, and what a refresh finds cached already under a new
+inode. A failure here is logged and ends the hand-over, never the mount.
 """
 
 from __future__ import annotations
